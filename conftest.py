@@ -1,0 +1,42 @@
+"""Repository-wide pytest wiring: test levels, the GPU marker and frost's records plugin.
+
+Every test must carry exactly one level marker (L0, L1 or L2); an unmarked
+test is a collection error, so nothing silently drops out of every level.
+Tests marked ``gpu`` are skipped with a reason when CUDA is unavailable.
+``reports.plugin`` collects the accuracy harness's per-case records and prints
+the routing summary at the end of the run (also under pytest-xdist).
+"""
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ("reports.plugin",)
+
+LEVELS = ("L0", "L1", "L2")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    unmarked = []
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    has_cuda = None
+    for item in items:
+        levels = [m for m in LEVELS if item.get_closest_marker(m) is not None]
+        if len(levels) != 1:
+            unmarked.append(f"{item.nodeid} (levels: {levels or 'none'})")
+        if item.get_closest_marker("gpu") is not None:
+            if has_cuda is None:
+                has_cuda = _cuda_available()
+            if not has_cuda:
+                item.add_marker(skip_gpu)
+    if unmarked:
+        raise pytest.UsageError(
+            "every test needs exactly one level marker (L0, L1 or L2):\n  " + "\n  ".join(unmarked)
+        )

@@ -1,0 +1,20 @@
+"""frost: scaled-dot-product attention with one contract (SEMANTICS.md) and many engines.
+
+Public API:
+
+- ``sdpa_forward(q, k, v, **keywords) -> (o, lse)``
+- ``sdpa_backward(do, q, k, v, o, lse, **keywords) -> Grads(dq, dk, dv, dbias, dsinks)``
+- ``attention(q, k, v, **keywords) -> o``: differentiable, a torch.library custom op
+  (``frost::sdpa_forward`` / ``frost::sdpa_backward``) that works under torch.compile
+- ``route(q, k, v, **keywords, direction="forward") -> Decision``: which engine would
+  serve the call and why the ones ranked before it declined
+
+The routing ledger is ``frost.dispatch.ledger``. Importing frost does not import the
+CuTe DSL.
+"""
+from frost.api import route, sdpa_backward, sdpa_forward
+from frost.dispatch import Decision
+from frost.ops import attention
+from frost.problem import Grads, Problem
+
+__all__ = ["Decision", "Grads", "Problem", "attention", "route", "sdpa_backward", "sdpa_forward"]

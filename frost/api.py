@@ -1,0 +1,92 @@
+"""frost's functional API: ``sdpa_forward``, ``sdpa_backward`` and ``route``.
+
+Each call is prepared once (``frost.problem.prepare``: validation, then the Problem and
+Tensors records), its ``out=`` checked, then handed to ``frost.dispatch``. These
+functions are not differentiable (engines run under ``torch.no_grad``); the
+differentiable entry is ``frost.attention`` (``frost.ops``).
+
+Keywords, shared by every entry (SEMANTICS.md has the meaning):
+scale, causal, causal_align ("top_left" | "bottom_right"), window=(left, right),
+seqlens_q / seqlens_k (dense padding), cu_seqlens_q / cu_seqlens_k (packed THD),
+max_seqlen_q / max_seqlen_k (packed; default: the longest sequence, read on the host),
+bias, sinks, rope=(cos, sin), engine (force one engine by name).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from frost import dispatch, validation
+from frost.dispatch import Decision
+from frost.problem import Grads, prepare
+
+
+def sdpa_forward(
+    q, k, v, *,
+    scale=None, causal=False, causal_align="top_left", window=(-1, -1),
+    seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
+    max_seqlen_q=None, max_seqlen_k=None, bias=None, sinks=None, rope=None,
+    engine=None, out=None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Attention forward: ``(o, lse)``. ``out=(o, lse)`` writes into preallocated tensors."""
+    problem, tensors = prepare(
+        "forward", q, k, v,
+        scale=scale, causal=causal, causal_align=causal_align, window=window,
+        seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, bias=bias, sinks=sinks, rope=rope,
+    )  # fmt: skip
+    out = validation.check_out(problem, out, tensors)
+    with torch.no_grad():
+        return dispatch.serve(problem, tensors, engine=engine, out=out)
+
+
+def sdpa_backward(
+    do, q, k, v, o, lse, *,
+    scale=None, causal=False, causal_align="top_left", window=(-1, -1),
+    seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
+    max_seqlen_q=None, max_seqlen_k=None, bias=None, sinks=None, rope=None,
+    deterministic=False, engine=None, out=None,
+) -> Grads:  # fmt: skip
+    """Attention backward: ``Grads(dq, dk, dv, dbias, dsinks)``, None where absent.
+
+    ``out=Grads(...)`` writes into preallocated tensors (dbias iff bias, dsinks iff sinks).
+    """
+    problem, tensors = prepare(
+        "backward", q, k, v, o=o, lse=lse, do=do,
+        scale=scale, causal=causal, causal_align=causal_align, window=window,
+        seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, bias=bias, sinks=sinks, rope=rope,
+        deterministic=deterministic,
+    )  # fmt: skip
+    out = validation.check_out(problem, out, tensors)
+    with torch.no_grad():
+        return dispatch.serve(problem, tensors, engine=engine, out=out)
+
+
+def route(
+    q, k, v, *,
+    scale=None, causal=False, causal_align="top_left", window=(-1, -1),
+    seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
+    max_seqlen_q=None, max_seqlen_k=None, bias=None, sinks=None, rope=None,
+    deterministic=False, engine=None, direction="forward",
+) -> Decision:  # fmt: skip
+    """Which engine would serve this call and why each one ranked before it declined.
+
+    Validates like a real call but runs nothing and records nothing. For
+    ``direction="backward"`` the problem is the backward of these inputs (o, lse and
+    do are not needed to route it).
+    """
+    if direction not in ("forward", "backward"):
+        raise ValueError(f"direction: expected 'forward' or 'backward', got {direction!r}")
+    if not isinstance(deterministic, bool) or (deterministic and direction == "forward"):
+        raise ValueError(f"deterministic: a bool, and only the backward takes it; got {deterministic!r}")
+    problem, _ = prepare(
+        "forward", q, k, v,
+        scale=scale, causal=causal, causal_align=causal_align, window=window,
+        seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, bias=bias, sinks=sinks, rope=rope,
+    )  # fmt: skip
+    if direction == "backward":
+        problem = dataclasses.replace(problem, direction="backward", deterministic=deterministic)
+    return dispatch.route(problem, engine=engine)

@@ -1,0 +1,179 @@
+"""Dispatch: the ranked engine tables, routing, and the routing ledger.
+
+Each direction has one table, best engine first. Routing walks it: every engine
+answers ``check_support(problem)``; the first to accept serves the call. ``route``
+only asks (it runs and records nothing); ``serve`` also compiles and executes, moving
+on when ``compile`` raises ``Declined``, and records its ``Decision`` in ``ledger``.
+
+Adding an engine: implement ``frost.engines.base.Engine`` for a direction and put an
+instance in ``FORWARD_ENGINES`` or ``BACKWARD_ENGINES`` at its rank. Engine modules
+must not import the CuTe DSL at import time (``import frost`` stays fast).
+
+``engine=`` forces one engine, by its name or its family (the name the forward and
+backward engines of one implementation share, so ``engine="unfused"`` or
+``engine="sm80"`` forces both directions of ``frost.attention``). Unknown names and
+declines raise ValueError with the reason. No environment variable forces an engine
+(ARCHITECTURE rule 5 would allow a test-only one): every caller, tests included,
+passes ``engine=``.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from frost.engines.base import Declined, Engine, Plan
+from frost.engines.native import TorchSdpaBackward, TorchSdpaForward, UnfusedBackward, UnfusedForward
+from frost.engines.sm80 import Sm80Backward, Sm80Forward
+from frost.problem import Grads, Problem, Tensors
+
+# Best first: frost's own SM80 kernels, then the native fallbacks.
+FORWARD_ENGINES: tuple[Engine, ...] = (
+    Sm80Forward(),
+    TorchSdpaForward(),
+    UnfusedForward(),
+)
+BACKWARD_ENGINES: tuple[Engine, ...] = (
+    Sm80Backward(),
+    TorchSdpaBackward(),
+    UnfusedBackward(),
+)
+
+
+def engines(direction: str) -> tuple[Engine, ...]:
+    """The ranked table of one direction."""
+    return FORWARD_ENGINES if direction == "forward" else BACKWARD_ENGINES
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Which engine serves a problem and why each engine ranked before it declined."""
+
+    problem: Problem
+    engine: str
+    native: bool
+    declined: tuple[tuple[str, str], ...]  # (engine name, reason), in table order
+    forced: bool
+
+    @property
+    def direction(self) -> str:
+        return self.problem.direction
+
+    def __str__(self) -> str:
+        declined = "; ".join(f"{name}: {reason}" for name, reason in self.declined)
+        forced = " (forced)" if self.forced else ""
+        return f"{self.direction} -> {self.engine}{forced}" + (f" [declined: {declined}]" if declined else "")
+
+
+class Ledger:
+    """Every served call's Decision: running counts plus the most recent decisions.
+
+    Counts never forget until ``reset``; the ``recent`` window is bounded so a long
+    training run cannot grow it without limit. Safe to record from several threads.
+    """
+
+    def __init__(self, keep: int = 4096):
+        self._lock = threading.Lock()
+        self._recent: deque[Decision] = deque(maxlen=keep)
+        self._total = 0
+        self._by_engine: Counter[tuple[str, str]] = Counter()
+        self._declines: Counter[tuple[str, str, str]] = Counter()
+
+    def record(self, decision: Decision) -> None:
+        with self._lock:
+            self._recent.append(decision)
+            self._total += 1
+            self._by_engine[(decision.direction, decision.engine)] += 1
+            for name, reason in decision.declined:
+                self._declines[(decision.direction, name, reason)] += 1
+
+    def snapshot(self) -> LedgerSnapshot:
+        with self._lock:
+            return LedgerSnapshot(
+                total=self._total,
+                by_engine=dict(self._by_engine),
+                declines=dict(self._declines),
+                recent=tuple(self._recent),
+            )
+
+    def mark(self) -> int:
+        """A position to pass to ``since`` later."""
+        with self._lock:
+            return self._total
+
+    def since(self, mark: int) -> tuple[Decision, ...]:
+        """The decisions recorded after ``mark`` (those still in the recent window)."""
+        with self._lock:
+            count = min(self._total - mark, len(self._recent))
+            return tuple(self._recent)[len(self._recent) - count :] if count > 0 else ()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._recent.clear()
+            self._total = 0
+            self._by_engine.clear()
+            self._declines.clear()
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    total: int
+    by_engine: dict[tuple[str, str], int]  # (direction, engine) -> calls served
+    declines: dict[tuple[str, str, str], int]  # (direction, engine, reason) -> count
+    recent: tuple[Decision, ...]
+
+
+ledger = Ledger()
+
+
+def _candidates(problem: Problem, engine: str | None) -> tuple[Engine, ...]:
+    table = engines(problem.direction)
+    if engine is None:
+        return table
+    chosen = tuple(e for e in table if engine in (e.name, e.family))
+    if not chosen:
+        names = ", ".join(repr(name) for name in dict.fromkeys(n for e in table for n in (e.name, e.family)))
+        raise ValueError(f"engine: unknown {problem.direction} engine {engine!r} (known: {names})")
+    return chosen
+
+
+def _forced_decline(engine: str, reason: str) -> ValueError:
+    return ValueError(f"engine: {engine!r} declined this problem: {reason}")
+
+
+def route(problem: Problem, *, engine: str | None = None) -> Decision:
+    """The engine that would serve ``problem`` and the reasons of those before it; runs nothing.
+
+    A ``Declined`` raised by a later ``compile`` cannot be foreseen here.
+    """
+    declined = []
+    for candidate in _candidates(problem, engine):
+        reason = candidate.check_support(problem)
+        if reason is None:
+            return Decision(problem, candidate.name, candidate.native, tuple(declined), engine is not None)
+        if engine is not None:
+            raise _forced_decline(engine, reason)
+        declined.append((candidate.name, reason))
+    raise RuntimeError(f"no engine accepts {problem.describe()}; declined: {declined}")
+
+
+def serve(problem: Problem, tensors: Tensors, *, engine: str | None = None, out=None):
+    """Route, compile and execute; record the decision. Returns ``(o, lse)`` or ``Grads``."""
+    declined = []
+    for candidate in _candidates(problem, engine):
+        reason = candidate.check_support(problem)
+        plan: Plan | None = None
+        if reason is None:
+            try:
+                plan = candidate.compile(problem)
+            except Declined as decline:
+                reason = decline.reason
+        if plan is None:
+            if engine is not None:
+                raise _forced_decline(engine, reason)
+            declined.append((candidate.name, reason))
+            continue
+        ledger.record(Decision(problem, candidate.name, candidate.native, tuple(declined), engine is not None))
+        result = plan.execute(tensors, out=out)
+        return Grads(*result) if problem.direction == "backward" else result
+    raise RuntimeError(f"no engine accepts {problem.describe()}; declined: {declined}")

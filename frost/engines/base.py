@@ -1,0 +1,133 @@
+"""The engine contract: what every engine (native fallback or DSL kernel) provides.
+
+An ``Engine`` serves one direction. It declares a ``Capabilities`` row (what it
+accepts), answers ``check_support(problem)`` with None (accept) or a reason a person
+can read, and lowers an accepted problem with ``compile(problem)`` to a ``Plan``.
+``Plan.execute(tensors, out=, workspace=)`` binds the call's tensors and runs.
+
+Declining is never a crash: a reason string from ``check_support``, or ``Declined``
+raised from ``compile`` for what only lowering can tell. Any other exception from an
+engine is a bug and propagates.
+
+Outputs: with ``out=None`` a plan allocates them with ``allocate_forward`` /
+``allocate_backward``, zero-filled, so rows an engine never writes (packed rows past
+``cu_seqlens[-1]``) read as zeros. With ``out=`` given (already checked against the
+problem by ``frost.validation.check_out``) the plan writes into it and leaves those
+rows untouched, which lets test harnesses poison outputs before a launch.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+from frost.problem import FEATURES, Grads, Problem, Tensors
+
+
+class Declined(Exception):
+    """Raised by ``Engine.compile`` when lowering finds the problem is not this engine's."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine accepts, declared once per engine (one row of the routing report).
+
+    ``features`` lists the optional features accepted (tags of ``Problem.features``;
+    the layout tag is judged by ``layouts``). ``device_types=None`` accepts any device.
+    Head dims must be multiples of ``head_dim_multiple`` and at most ``max_head_dim``.
+    """
+
+    dtypes: frozenset[torch.dtype]
+    layouts: frozenset[str]
+    features: frozenset[str]
+    device_types: frozenset[str] | None = None
+    head_dim_multiple: int = 1
+    max_head_dim: int | None = None
+    deterministic: bool = True  # backward: can honor deterministic=True
+
+    def decline_reason(self, problem: Problem) -> str | None:
+        """None if the problem is inside this row, else the first rule it breaks."""
+        if self.device_types is not None and problem.device_type not in self.device_types:
+            return f"needs a {' or '.join(sorted(self.device_types))} device, got {problem.device}"
+        if problem.dtype not in self.dtypes:
+            return f"dtype {problem.dtype} is not supported"
+        if problem.layout not in self.layouts:
+            return f"unsupported: {FEATURES['thd'] if problem.layout == 'thd' else 'dense (BSHD) layout'}"
+        missing = [tag for tag in FEATURES if tag in problem.features - {problem.layout} - self.features]
+        if missing:
+            return "unsupported: " + "; ".join(FEATURES[tag] for tag in missing)
+        for name, dim in (("head_dim_qk", problem.head_dim_qk), ("head_dim_v", problem.head_dim_v)):
+            if dim % self.head_dim_multiple:
+                return f"{name}={dim} is not a multiple of {self.head_dim_multiple}"
+            if self.max_head_dim is not None and dim > self.max_head_dim:
+                return f"{name}={dim} exceeds {self.max_head_dim}"
+        if problem.deterministic and not self.deterministic:
+            return "cannot run deterministic=True"
+        return None
+
+
+class Plan(abc.ABC):
+    """One accepted problem, lowered and ready to bind tensors and run."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Scratch memory ``execute`` needs besides its outputs (allocated by it when not passed)."""
+        return 0
+
+    @abc.abstractmethod
+    def execute(self, tensors: Tensors, *, out=None, workspace: torch.Tensor | None = None):
+        """Run: forward returns ``(o, lse)``, backward returns ``Grads``."""
+
+
+class Engine(abc.ABC):
+    """A ranked entry of a dispatch table, serving one direction.
+
+    ``name`` is unique within its direction's table; ``family`` is shared by the
+    forward and backward engines of one implementation (``engine="sm80"`` forces both
+    directions of ``frost.attention``) and defaults to the name.
+    """
+
+    name: str
+    direction: str  # "forward" | "backward"
+    native: bool  # True for torch fallbacks; False for frost's own kernels
+    capabilities: Capabilities
+
+    @property
+    def family(self) -> str:
+        return self.name
+
+    def check_support(self, problem: Problem) -> str | None:
+        """None to accept, else a human-readable reason. Never raises for a valid problem."""
+        if problem.direction != self.direction:
+            return f"serves the {self.direction}, not the {problem.direction}"
+        return self.capabilities.decline_reason(problem)
+
+    @abc.abstractmethod
+    def compile(self, problem: Problem) -> Plan:
+        """Lower an accepted problem to a plan; may raise ``Declined``."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {self.direction}>"
+
+
+def allocate_forward(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero-filled, contiguous ``(o, lse)`` for the problem."""
+    o = torch.zeros(problem.o_shape, dtype=problem.dtype, device=problem.device)
+    lse = torch.zeros(problem.lse_shape, dtype=torch.float32, device=problem.device)
+    return o, lse
+
+
+def allocate_backward(problem: Problem, tensors: Tensors) -> Grads:
+    """Zero-filled, contiguous gradients shaped like their inputs; None where absent."""
+    def like(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+
+    return Grads(like(tensors.q), like(tensors.k), like(tensors.v), like(tensors.bias), like(tensors.sinks))

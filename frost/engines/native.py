@@ -1,0 +1,296 @@
+"""The native engines: torch fallbacks that run anywhere, the baseline the routing
+report measures frost's own kernels against.
+
+``torch-sdpa`` serves dense (BSHD) problems with torch's fused attention kernels,
+called through their aten ops because those return the logsumexp that
+``F.scaled_dot_product_attention`` hides. Forward: on CPU the flash kernel
+``aten._scaled_dot_product_flash_attention_for_cpu``, on CUDA the memory-efficient
+kernel ``aten._scaled_dot_product_efficient_attention`` (the flash and cuDNN CUDA
+kernels take no additive mask; one CUDA kernel keeps the fallback uniform). Top-left
+causal is torch's ``is_causal``; bias and bottom-right causal travel as an additive
+mask. Rows whose mask is entirely -inf (a bias can do that) get a zero mask row and are
+then set to ``o = 0``, ``lse = -inf``, so no kernel's handling of empty rows leaks in.
+
+Backward: on CPU ``aten._scaled_dot_product_flash_attention_for_cpu_backward``, which
+takes the given o and lse as SEMANTICS.md does but returns no gradient for the mask, so
+the backward declines bias. Recomputing the forward under autograd was rejected: inside
+the ``frost::sdpa_backward`` custom op autograd is switched off below the dispatcher,
+so no graph is recorded. The CUDA backward kernels' aten ops want their forward's
+private state (philox seeds, a padded lse), so on CUDA the backward declines too.
+
+``unfused`` serves every problem SEMANTICS.md describes, with plain torch ops
+(``frost.engines.unfused_math``), packed (THD) inputs one sequence at a time.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from frost.engines import unfused_math
+from frost.engines.base import Capabilities, Engine, Plan, allocate_backward, allocate_forward
+from frost.problem import FEATURES, Problem, Tensors
+
+_IO_DTYPES = frozenset({torch.float16, torch.bfloat16})
+_NEG_INF = float("-inf")
+
+TORCH_SDPA_CAPABILITIES = Capabilities(
+    dtypes=_IO_DTYPES,
+    layouts=frozenset({"bshd"}),
+    features=frozenset({"gqa", "mqa", "causal", "bottom_right", "bias", "strided"}),
+    device_types=frozenset({"cpu", "cuda"}),
+)
+TORCH_SDPA_BACKWARD_CAPABILITIES = dataclasses.replace(
+    TORCH_SDPA_CAPABILITIES,
+    features=TORCH_SDPA_CAPABILITIES.features - {"bias"},
+    device_types=frozenset({"cpu"}),
+)
+
+UNFUSED_CAPABILITIES = Capabilities(
+    dtypes=_IO_DTYPES,
+    layouts=frozenset({"bshd", "thd"}),
+    features=frozenset(FEATURES),
+)
+
+# The CUDA efficient kernel reads an attention bias whose rows start on 16 bytes.
+_CUDA_BIAS_ALIGN = 8
+
+
+def _torch_sdpa_decline(problem: Problem) -> str | None:
+    """What torch's kernels cannot do faithfully beyond the Capabilities row."""
+    if problem.seqlen_q == 0 or problem.seqlen_k == 0:
+        return "empty sequences (Sq or Sk is 0)"
+    if problem.causal_align == "bottom_right" and problem.seqlen_q > problem.seqlen_k:
+        return "bottom-right alignment with Sq > Sk leaves query rows without keys"
+    if problem.device_type == "cuda":
+        if problem.head_dim_qk % 8 or problem.head_dim_v % 8:
+            return "torch's CUDA efficient kernel needs head dims that are multiples of 8"
+        if problem.bias is not None and problem.bias.dtype != problem.dtype:
+            return "torch's CUDA efficient kernel takes the bias only in the io dtype (a float32 bias would be rounded)"
+    return None
+
+
+class TorchSdpaForward(Engine):
+    name = "torch-sdpa"
+    direction = "forward"
+    native = True
+    capabilities = TORCH_SDPA_CAPABILITIES
+
+    def check_support(self, problem: Problem) -> str | None:
+        return super().check_support(problem) or _torch_sdpa_decline(problem)
+
+    def compile(self, problem: Problem) -> Plan:
+        return _TorchSdpaForwardPlan(problem)
+
+
+class TorchSdpaBackward(Engine):
+    name = "torch-sdpa"
+    direction = "backward"
+    native = True
+    capabilities = TORCH_SDPA_BACKWARD_CAPABILITIES
+
+    def check_support(self, problem: Problem) -> str | None:
+        return super().check_support(problem) or _torch_sdpa_decline(problem)
+
+    def compile(self, problem: Problem) -> Plan:
+        return _TorchSdpaBackwardPlan(problem)
+
+
+class UnfusedForward(Engine):
+    name = "unfused"
+    direction = "forward"
+    native = True
+    capabilities = UNFUSED_CAPABILITIES
+
+    def compile(self, problem: Problem) -> Plan:
+        return _UnfusedForwardPlan(problem)
+
+
+class UnfusedBackward(Engine):
+    name = "unfused"
+    direction = "backward"
+    native = True
+    capabilities = UNFUSED_CAPABILITIES
+
+    def compile(self, problem: Problem) -> Plan:
+        return _UnfusedBackwardPlan(problem)
+
+
+# torch-sdpa ------------------------------------------------------------------------
+
+
+def _additive_mask(problem: Problem, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Bias plus any causal mask that ``is_causal`` (top-left only, no mask) cannot carry.
+
+    Shape ``[B|1, Hq|1, Sq, Sk]``; None when neither is needed.
+    """
+    causal_mask = problem.causal and (problem.causal_align == "bottom_right" or bias is not None)
+    if bias is None and not causal_mask:
+        return None
+    mask = None if bias is None else bias.to(dtype)
+    if causal_mask:
+        sq, sk = problem.seqlen_q, problem.seqlen_k
+        delta = sk - sq if problem.causal_align == "bottom_right" else 0
+        causal = torch.full((sq, sk), _NEG_INF, dtype=dtype, device=problem.device).triu(delta + 1)
+        causal = causal.view(1, 1, sq, sk)
+        mask = causal if mask is None else mask + causal
+    return mask
+
+
+def _without_dead_rows(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(mask with all-(-inf) rows zeroed, those rows as bool [B|1, Hq|1, Sq, 1])``."""
+    if mask is None:
+        return None, None
+    dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
+    return mask.masked_fill(dead, 0.0), dead
+
+
+def _is_causal(problem: Problem, mask: torch.Tensor | None) -> bool:
+    return problem.causal and mask is None
+
+
+def _repeat_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    """BHSD kv heads repeated for each query head of their group (the aten kernels need equal heads)."""
+    return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+
+def _cuda_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
+    """The mask in a row-aligned buffer, expanded to ``[B, Hq, Sq, Sk]``, for the efficient kernel."""
+    sk = mask.shape[-1]
+    padded = mask.new_empty((*mask.shape[:-1], -(-sk // _CUDA_BIAS_ALIGN) * _CUDA_BIAS_ALIGN))
+    aligned = padded[..., :sk]
+    aligned.copy_(mask)
+    return aligned.expand(problem.batch, problem.heads_q, problem.seqlen_q, sk)
+
+
+class _TorchSdpaForwardPlan(Plan):
+    def execute(self, tensors: Tensors, *, out=None, workspace=None):
+        problem = self.problem
+        o, lse = out if out is not None else allocate_forward(problem)
+        cpu = problem.device_type == "cpu"
+        mask_dtype = torch.float32 if cpu else problem.dtype
+        mask, dead = _without_dead_rows(_additive_mask(problem, tensors.bias, mask_dtype))
+        q = tensors.q.transpose(1, 2)
+        k = _repeat_kv(tensors.k.transpose(1, 2), problem.group_size)
+        v = _repeat_kv(tensors.v.transpose(1, 2), problem.group_size)
+        causal = _is_causal(problem, mask)
+        if cpu:
+            o_bhsd, lse_bhs = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, causal, attn_mask=mask, scale=problem.scale
+            )
+        else:
+            attn_bias = None if mask is None else _cuda_mask(mask, problem)
+            o_bhsd, lse_bhs = torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, attn_bias, True, 0.0, causal, scale=problem.scale
+            )[:2]
+            lse_bhs = lse_bhs[..., : problem.seqlen_q]
+        if dead is not None:
+            o_bhsd = o_bhsd.masked_fill(dead, 0.0)
+            lse_bhs = lse_bhs.masked_fill(dead.squeeze(-1), _NEG_INF)
+        o.copy_(o_bhsd.transpose(1, 2))
+        lse.copy_(lse_bhs)
+        return o, lse
+
+
+class _TorchSdpaBackwardPlan(Plan):
+    """CPU only, no bias: the mask (bottom-right causal) never empties a row."""
+
+    def execute(self, tensors: Tensors, *, out=None, workspace=None):
+        problem = self.problem
+        grads = out if out is not None else allocate_backward(problem, tensors)
+        group = problem.group_size
+        mask = _additive_mask(problem, None, torch.float32)
+        q = tensors.q.transpose(1, 2)
+        k = _repeat_kv(tensors.k.transpose(1, 2), group)
+        v = _repeat_kv(tensors.v.transpose(1, 2), group)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            tensors.do.transpose(1, 2), q, k, v, tensors.o.transpose(1, 2), tensors.lse, 0.0,
+            _is_causal(problem, mask), attn_mask=mask, scale=problem.scale,
+        )  # fmt: skip
+        grads.dq.copy_(dq.transpose(1, 2))
+        grads.dk.copy_(_sum_groups(dk, group).transpose(1, 2))
+        grads.dv.copy_(_sum_groups(dv, group).transpose(1, 2))
+        return grads
+
+
+def _sum_groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    """BHSD per-query-head gradients summed into their kv heads (fp32 sum, io dtype result)."""
+    if group == 1:
+        return x
+    batch, heads, seqlen, dim = x.shape
+    return x.view(batch, heads // group, group, seqlen, dim).sum(dim=2, dtype=torch.float32).to(x.dtype)
+
+
+# unfused ---------------------------------------------------------------------------
+
+
+def _blocks(problem: Problem, tensors: Tensors):
+    """``(rows_q, rows_k, bias_index, Block)``: the whole dense call (rows None), or one
+    per packed sequence, with the bias batch entry it reads."""
+    t = tensors
+    if problem.layout == "bshd":
+        yield None, None, None, unfused_math.Block(
+            t.q, t.k, t.v, t.seqlens_q, t.seqlens_k, t.bias, t.sinks, t.rope_cos, t.rope_sin
+        )
+        return
+    cu_q = t.cu_seqlens_q.tolist()
+    cu_k = t.cu_seqlens_k.tolist()
+    for b in range(problem.batch):
+        rows_q, rows_k = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        bias_index, bias = None, None
+        if t.bias is not None:
+            bias_index = b if t.bias.shape[0] > 1 else 0
+            extent_q, extent_k = rows_q.stop - rows_q.start, rows_k.stop - rows_k.start
+            bias = t.bias[bias_index : bias_index + 1, :, :extent_q, :extent_k]
+        yield rows_q, rows_k, bias_index, unfused_math.Block(
+            t.q[rows_q][None], t.k[rows_k][None], t.v[rows_k][None], None, None,
+            bias, t.sinks, t.rope_cos, t.rope_sin,
+        )  # fmt: skip
+
+
+class _UnfusedForwardPlan(Plan):
+    def execute(self, tensors: Tensors, *, out=None, workspace=None):
+        problem = self.problem
+        o, lse = out if out is not None else allocate_forward(problem)
+        for rows_q, _, _, block in _blocks(problem, tensors):
+            o_block, lse_block = unfused_math.forward(problem, block)
+            if rows_q is None:
+                o.copy_(o_block)
+                lse.copy_(lse_block)
+            else:
+                o[rows_q] = o_block[0]
+                lse[:, rows_q] = lse_block[0]
+        return o, lse
+
+
+class _UnfusedBackwardPlan(Plan):
+    def execute(self, tensors: Tensors, *, out=None, workspace=None):
+        problem = self.problem
+        t = tensors
+        grads = out if out is not None else allocate_backward(problem, t)
+        # dbias and dsinks sum over sequences: accumulate in fp32, cast once.
+        dbias = None if t.bias is None else torch.zeros(t.bias.shape, dtype=torch.float32, device=t.bias.device)
+        dsinks = None if t.sinks is None else torch.zeros_like(t.sinks)
+        for rows_q, rows_k, bias_index, block in _blocks(problem, t):
+            if rows_q is None:
+                g = unfused_math.backward(problem, block, t.lse, t.do)
+                grads.dq.copy_(g.dq)
+                grads.dk.copy_(g.dk)
+                grads.dv.copy_(g.dv)
+                if dbias is not None:
+                    dbias += g.dbias
+            else:
+                g = unfused_math.backward(problem, block, t.lse[:, rows_q][None], t.do[rows_q][None])
+                grads.dq[rows_q] = g.dq[0]
+                grads.dk[rows_k] = g.dk[0]
+                grads.dv[rows_k] = g.dv[0]
+                if dbias is not None:
+                    extent_q, extent_k = g.dbias.shape[2:]
+                    dbias[bias_index : bias_index + 1, :, :extent_q, :extent_k] += g.dbias
+            if dsinks is not None:
+                dsinks += g.dsinks
+        if dbias is not None:
+            grads.dbias.copy_(dbias)
+        if dsinks is not None:
+            grads.dsinks.copy_(dsinks)
+        return grads

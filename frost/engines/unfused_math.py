@@ -1,0 +1,182 @@
+"""The unfused engine's math: SEMANTICS.md written with plain torch ops, one block at a time.
+
+A block is B sequences of equal (padded) extents with all their heads: the whole of a
+dense call, or one packed sequence (B = 1) of a THD call. The logits S and dP come
+from fp32 matmuls of the exactly upcast io operands (q and k rotated by RoPE in fp32
+and kept there), and softmax, lse, D and dS are fp32. The products that yield an
+output run in the io dtype as a kernel's would: P and dS are rounded to it for P.V,
+dS.K, dS^T.Q and P^T.dO (fp32 accumulation inside torch). Rounding S, dP or the
+rotated q and k to the io dtype costs accuracy the acceptance rule notices: with
+``window=(0, 0)`` (p = 1) dS must vanish and a bf16 dP leaves it at dP's rounding
+error; bf16-rounded rotated q and k put a relative error of about 1e-3 into dsinks
+(bf16, B2 Sq33 Sk47 H6/1, bias, sinks and RoPE: 5.9e-3 on a dsink of -4.65). GQA never
+repeats K/V: query heads are viewed as ``[B, Hkv, G * Sq, D]`` so one matmul per kv head
+serves its whole group, and the same view sums dK and dV over the group.
+
+The backward is analytic (SEMANTICS.md's formulas), with P recomputed from the given
+lse. It takes ``D_i = sum_j p_ij dp_ij`` (fp32), which equals SEMANTICS.md's
+``do_i . o_i`` in exact arithmetic (the oracle does the same), rather than the dot
+product with the given o: that o is rounded to the io dtype, and its rounding would
+reach dsinks as a relative error of the io dtype's epsilon, several times the
+same-precision baseline's (measured: bf16, B2 Sq33 Sk47 H6/1 with a sink, dsinks off by
+4.7e-3 with ``do . o`` against 5.6e-4 for the baseline, failing the L2 rule).
+A sink joins the softmax as one extra logit column that
+carries no value, which also keeps rows with no visible key finite: they get
+``o = 0``, ``lse = -inf`` (or the sink) and zero gradients.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from frost.problem import Problem
+
+_NEG_INF = float("-inf")
+
+
+class Block(NamedTuple):
+    """The tensors of one block; positions count from 0 within each sequence."""
+
+    q: torch.Tensor  # [B, Sq, Hq, Dqk]
+    k: torch.Tensor  # [B, Sk, Hkv, Dqk]
+    v: torch.Tensor  # [B, Sk, Hkv, Dv]
+    lens_q: torch.Tensor | None  # [B] valid lengths (dense padding), None: full
+    lens_k: torch.Tensor | None
+    bias: torch.Tensor | None  # [B|1, Hq|1, Sq, Sk]
+    sinks: torch.Tensor | None  # [Hq] float32
+    rope_cos: torch.Tensor | None  # [>= max(Sq, Sk), Dqk // 2] float32
+    rope_sin: torch.Tensor | None
+
+
+class BlockGrads(NamedTuple):
+    dq: torch.Tensor  # [B, Sq, Hq, Dqk] io dtype
+    dk: torch.Tensor  # [B, Sk, Hkv, Dqk]
+    dv: torch.Tensor  # [B, Sk, Hkv, Dv]
+    dbias: torch.Tensor | None  # fp32, bias's shape
+    dsinks: torch.Tensor | None  # fp32 [Hq], this block's share
+
+
+def forward(problem: Problem, block: Block) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o [B, Sq, Hq, Dv] io dtype, lse [B, Hq, Sq] fp32)`` of one block."""
+    q, k = _rotated(block)
+    p, lse = _softmax(problem, block, _scores(problem, block, q, k))
+    batch, seqlen_q, heads_q, _ = q.shape
+    o = _by_kv_head(p.to(block.v.dtype), problem.group_size) @ _heads_first(block.v)
+    return o.view(batch, heads_q, seqlen_q, block.v.shape[-1]).transpose(1, 2), lse
+
+
+def backward(problem: Problem, block: Block, lse: torch.Tensor, do: torch.Tensor) -> BlockGrads:
+    """Gradients of one block from its lse ``[B, Hq, Sq]`` and do ``[B, Sq, Hq, Dv]``."""
+    q, k = _rotated(block)
+    io = block.q.dtype
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k = k.shape[1]
+    group = problem.group_size
+    s = _scores(problem, block, q, k)
+    lse = lse.unsqueeze(-1)
+    p = torch.where(torch.isfinite(lse) & (s > _NEG_INF), torch.exp(s - lse), 0.0)
+    do_kv = _by_kv_head(_heads_first(do), group)  # [B, Hkv, G*Sq, Dv]
+    dp = (do_kv.float() @ _heads_first(block.v).float().transpose(-1, -2)).view(batch, heads_q, seqlen_q, seqlen_k)
+    delta = (p * dp).sum(dim=-1, keepdim=True)  # D: [B, Hq, Sq, 1]
+    ds = p * (dp - delta)
+    ds_kv = _by_kv_head((ds * problem.scale).to(io), group)  # [B, Hkv, G*Sq, Sk]
+    dq = (ds_kv @ _heads_first(k.to(io))).view(batch, heads_q, seqlen_q, k.shape[-1]).transpose(1, 2)
+    dk = (ds_kv.transpose(-1, -2) @ _by_kv_head(_heads_first(q.to(io)), group)).transpose(1, 2)
+    dv = (_by_kv_head(p.to(io), group).transpose(-1, -2) @ do_kv).transpose(1, 2)
+    if block.rope_cos is not None:
+        dq = _rotate(dq, block.rope_cos, -block.rope_sin).to(io)
+        dk = _rotate(dk, block.rope_cos, -block.rope_sin).to(io)
+    dbias = None if block.bias is None else _sum_to(ds, block.bias.shape)
+    dsinks = None
+    if block.sinks is not None:
+        sink = block.sinks.view(1, -1, 1, 1)
+        weight = torch.where(torch.isfinite(lse), torch.exp(sink - lse), 0.0)
+        dsinks = -(weight * delta).sum(dim=(0, 2, 3))
+    return BlockGrads(dq, dk, dv, dbias, dsinks)
+
+
+def _rotated(block: Block) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k in fp32, after RoPE when the block has it."""
+    if block.rope_cos is None:
+        return block.q.float(), block.k.float()
+    return _rotate(block.q, block.rope_cos, block.rope_sin), _rotate(block.k, block.rope_cos, block.rope_sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``rot(x, p)`` of SEMANTICS.md over x ``[B, S, H, D]`` at positions 0..S-1, in fp32.
+
+    Passing ``-sin`` applies the transpose of the rotation (gradients back to the
+    unrotated q and k).
+    """
+    seqlen = x.shape[1]
+    cos = cos[:seqlen, None, :]
+    sin = sin[:seqlen, None, :]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """``[B, S, H, D]`` -> ``[B, H, S, D]`` (a view)."""
+    return x.transpose(1, 2)
+
+
+def _by_kv_head(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``[B, Hq, S, X]`` -> ``[B, Hkv, G * S, X]``: query head h belongs to kv head h // G."""
+    batch, heads, seqlen, last = x.shape
+    return x.reshape(batch, heads // group, group * seqlen, last)
+
+
+def _visible(problem: Problem, block: Block, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
+    """Which key each query row sees, bool ``[B|1, 1, Sq, Sk]`` (SEMANTICS.md step 3)."""
+    device = block.q.device
+    i = torch.arange(seqlen_q, device=device).view(1, 1, seqlen_q, 1)
+    j = torch.arange(seqlen_k, device=device).view(1, 1, 1, seqlen_k)
+    if block.lens_q is None:
+        len_q, len_k = seqlen_q, seqlen_k
+    else:
+        len_q, len_k = block.lens_q.view(-1, 1, 1, 1), block.lens_k.view(-1, 1, 1, 1)
+    delta = len_k - len_q if problem.causal_align == "bottom_right" else 0
+    visible = (i < len_q) & (j < len_k)
+    if problem.window_left >= 0:
+        visible = visible & (j >= i + delta - problem.window_left)
+    if problem.window_right >= 0:
+        visible = visible & (j <= i + delta + problem.window_right)
+    return visible
+
+
+def _scores(problem: Problem, block: Block, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Masked logits ``s = scale * q k^T + bias`` from fp32 q, k: fp32 ``[B, Hq, Sq, Sk]``, -inf where invisible."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k = k.shape[1]
+    qk = _by_kv_head(_heads_first(q), problem.group_size) @ _heads_first(k).transpose(-1, -2)
+    s = qk.view(batch, heads_q, seqlen_q, seqlen_k) * problem.scale
+    if block.bias is not None:
+        s = s + block.bias.float()
+    return s.masked_fill(~_visible(problem, block, seqlen_q, seqlen_k), _NEG_INF)
+
+
+def _softmax(problem: Problem, block: Block, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(p [B, Hq, Sq, Sk], lse [B, Hq, Sq])`` in fp32, the sink as an extra value-less logit."""
+    batch, heads, seqlen_q, seqlen_k = s.shape
+    if block.sinks is not None:
+        sink = block.sinks.view(1, heads, 1, 1).expand(batch, heads, seqlen_q, 1)
+    else:
+        sink = s.new_full((batch, heads, seqlen_q, 1), _NEG_INF)
+    logits = torch.cat([s, sink], dim=-1)
+    peak = logits.amax(dim=-1, keepdim=True)
+    peak = torch.where(torch.isfinite(peak), peak, 0.0)
+    e = torch.exp(logits - peak)
+    z = e.sum(dim=-1, keepdim=True)
+    p = torch.where(z > 0, e[..., :seqlen_k] / z, 0.0)
+    lse = (peak + torch.log(z)).squeeze(-1)
+    if block.lens_q is not None:  # padded query rows: lse = -inf even with a sink
+        padded = torch.arange(seqlen_q, device=s.device).view(1, 1, seqlen_q) >= block.lens_q.view(-1, 1, 1)
+        lse = lse.masked_fill(padded, _NEG_INF)
+    return p, lse
+
+
+def _sum_to(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Sum ``x`` over the dimensions where ``shape`` broadcasts (size 1)."""
+    dims = tuple(d for d, (have, want) in enumerate(zip(x.shape, shape)) if want == 1 and have != 1)
+    return x.sum(dim=dims, keepdim=True) if dims else x

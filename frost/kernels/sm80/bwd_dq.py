@@ -1,0 +1,270 @@
+"""SM80 attention backward, deterministic dQ: one CTA per (query block, head, sequence).
+
+Specialized by ``PARAMS`` (a ``config.BwdDqParams``). The deterministic mode
+cannot accumulate dQ with atomics across key blocks (the order of fp32
+additions would vary), so this pass recomputes, per query block, what the
+main kernel (``sm80/bwd`` compiled with ``deterministic=True``) computes per
+key block, and sums dQ in registers in a fixed order:
+
+    prologue: Q, dO -> shared (resident); lse2, D -> registers
+    for key block n = n_min .. n_max-1:
+        wait K[n], V[n]; barrier
+        S  = Q.K^T; mask; P = exp2(S*scale_log2 - lse2)
+        dP = dO.V^T; dS = P * (dP - D)
+        barrier; issue V[n+1]              (overlaps dS.K)
+        dQ += dS.K                         (dS from registers, K via ldmatrix.trans)
+        barrier; issue K[n+1]
+    dQ *= scale -> global (io dtype); padded rows are written as zeros
+
+Cost: three of the main kernel's five products again, so the deterministic
+backward does about 1.6x the arithmetic of the default one.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from frost.kernels.sm80 import tiles
+from frost.kernels.sm80.mask import AttentionMask
+from frost.kernels.sm80.seqlen import SeqlenInfo
+
+P = PARAMS  # noqa: F821  (injected by the template loader)
+DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
+TILE_M, TILE_N, TILE_HDIM = P.tile_m, P.tile_n, P.tile_hdim
+NUM_THREADS = P.num_threads
+CHECK_HDIM_QK, CHECK_HDIM_V = P.partial_hdim_qk, P.partial_hdim_v
+PACKED = P.layout == "thd"
+
+
+@cute.jit
+def sdpa_bwd_dq(
+    mQ: cute.Tensor,
+    mK: cute.Tensor,
+    mV: cute.Tensor,
+    mdO: cute.Tensor,
+    mLSE2: cute.Tensor,
+    mD: cute.Tensor,
+    mdQ: cute.Tensor,
+    mCuSeqlensQ: cute.Tensor | None,
+    mCuSeqlensK: cute.Tensor | None,
+    mSeqlensQ: cute.Tensor | None,
+    mSeqlensK: cute.Tensor | None,
+    scale: Float32,
+    scale_log2: Float32,
+    window_left: Int32,
+    window_right: Int32,
+    max_seqlen_q: Int32,
+    stream,
+):
+    sQ_layout = tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM)
+    sKV_layout = tiles.smem_layout(DTYPE, TILE_N, TILE_HDIM)
+
+    @cute.struct
+    class SharedStorage:
+        sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
+        sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sKV_layout)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sKV_layout)], 1024]
+
+    if const_expr(PACKED):
+        num_batch = mCuSeqlensQ.shape[0] - 1
+        num_m_blocks = cute.ceil_div(max_seqlen_q, TILE_M)
+        num_heads = mQ.shape[1]
+    else:
+        num_batch = mQ.shape[0]
+        num_m_blocks = cute.ceil_div(mQ.shape[1], TILE_M)
+        num_heads = mQ.shape[2]
+    bwd_dq_kernel(
+        mQ, mK, mV, mdO, mLSE2, mD, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK,
+        scale, scale_log2, window_left, window_right, sQ_layout, sKV_layout,
+        tiles.gmem_load_copy(DTYPE, TILE_HDIM, NUM_THREADS),
+        tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
+        tiles.tiled_mma(DTYPE, P.num_warps),
+        SharedStorage,
+    ).launch(
+        grid=[num_m_blocks, num_heads, num_batch],
+        block=[NUM_THREADS, 1, 1],
+        smem=SharedStorage.size_in_bytes(),
+        stream=stream,
+    )
+
+
+@cute.kernel
+def bwd_dq_kernel(
+    mQ: cute.Tensor,
+    mK: cute.Tensor,
+    mV: cute.Tensor,
+    mdO: cute.Tensor,
+    mLSE2: cute.Tensor,
+    mD: cute.Tensor,
+    mdQ: cute.Tensor,
+    mCuSeqlensQ: cute.Tensor | None,
+    mCuSeqlensK: cute.Tensor | None,
+    mSeqlensQ: cute.Tensor | None,
+    mSeqlensK: cute.Tensor | None,
+    scale: Float32,
+    scale_log2: Float32,
+    window_left: Int32,
+    window_right: Int32,
+    sQ_layout: cute.ComposedLayout,
+    sKV_layout: cute.ComposedLayout,
+    gmem_tiled_copy_load: cute.TiledCopy,
+    gmem_tiled_copy_store: cute.TiledCopy,
+    tiled_mma: cute.TiledMma,
+    SharedStorage: cutlass.Constexpr,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    m_block, head, batch = cute.arch.block_idx()
+    seqlen = SeqlenInfo.create(batch, mQ, mK, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK)
+    heads_q = mQ.shape[1] if const_expr(PACKED) else mQ.shape[2]
+    heads_kv = mK.shape[1] if const_expr(PACKED) else mK.shape[2]
+    head_kv = head // (heads_q // heads_kv)
+    mask = AttentionMask(
+        TILE_M, TILE_N, P.has_window_left, P.has_window_right, True,
+        seqlen.seqlen_q, seqlen.seqlen_k,
+        seqlen.seqlen_k - seqlen.seqlen_q if const_expr(P.bottom_right) else Int32(0),
+        window_left, window_right,
+    )
+    n_block_min, n_block_max = mask.n_block_range(m_block)
+
+    storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+    sQ = storage.sQ.get_tensor(sQ_layout)
+    sdO = storage.sdO.get_tensor(sQ_layout)
+    sK = storage.sK.get_tensor(sKV_layout)
+    sV = storage.sV.get_tensor(sKV_layout)
+    sKt = tiles.transpose_view(sK, TILE_N, TILE_HDIM)
+
+    gmem_thr_copy = gmem_tiled_copy_load.get_slice(tidx)
+    gQ = cute.local_tile(seqlen.q_rows(mQ, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+    gdO = cute.local_tile(seqlen.q_rows(mdO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+    gK = cute.local_tile(seqlen.k_rows(mK, batch, head_kv), (TILE_N, TILE_HDIM), (None, 0))
+    gV = cute.local_tile(seqlen.k_rows(mV, batch, head_kv), (TILE_N, TILE_HDIM), (None, 0))
+    tQsQ = gmem_thr_copy.partition_D(sQ)
+    tQsdO = gmem_thr_copy.partition_D(sdO)
+    tKgK = gmem_thr_copy.partition_S(gK)
+    tKsK = gmem_thr_copy.partition_D(sK)
+    tVgV = gmem_thr_copy.partition_S(gV)
+    tVsV = gmem_thr_copy.partition_D(sV)
+    tQcQ = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM)))
+    tKVcKV = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_N, TILE_HDIM)))
+    head_dim_qk, head_dim_v = mQ.shape[-1], mV.shape[-1]
+    tQpQ = tiles.hdim_predicate(tQcQ, head_dim_qk)
+    tQpdO = tiles.hdim_predicate(tQcQ, head_dim_v)
+    tKpK = tiles.hdim_predicate(tKVcKV, head_dim_qk)
+    tVpV = tiles.hdim_predicate(tKVcKV, head_dim_v)
+
+    thr_mma = tiled_mma.get_slice(tidx)
+    tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+    tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+    tdPrdO = thr_mma.make_fragment_A(thr_mma.partition_A(sdO))
+    tdPrV = thr_mma.make_fragment_B(thr_mma.partition_B(sV))
+    tdQrKt = thr_mma.make_fragment_B(thr_mma.partition_B(sKt))
+    copy_A = cute.make_tiled_copy_A(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
+    copy_B = cute.make_tiled_copy_B(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
+    copy_Bt = cute.make_tiled_copy_B(tiles.ldmatrix_atom(DTYPE, transpose=True), tiled_mma).get_slice(tidx)
+    tSsQ = copy_A.partition_S(sQ)
+    tdPsdO = copy_A.partition_S(sdO)
+    tSsK = copy_B.partition_S(sK)
+    tdPsV = copy_B.partition_S(sV)
+    tdQsKt = copy_Bt.partition_S(sKt)
+    acc_dQ = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM)), Float32)
+    acc_dQ.fill(0.0)
+
+    cS = cute.make_identity_tensor((TILE_M, TILE_N))
+    tScS = thr_mma.partition_C(cS)
+    t0ScS = tiled_mma.get_slice(0).partition_C(cS)
+    tScS_mn = tiles.acc_mn_view(tScS)
+    acc_shape_S = thr_mma.partition_shape_C((TILE_M, TILE_N))
+
+    # ---- prologue ------------------------------------------------------------------
+    if const_expr(CHECK_HDIM_QK):
+        tiles.zero_unpredicated(tQsQ, tQpQ)
+        tiles.zero_unpredicated(tKsK, tKpK)
+    if const_expr(CHECK_HDIM_V):
+        tiles.zero_unpredicated(tQsdO, tQpdO)
+        tiles.zero_unpredicated(tVsV, tVpV)
+    rows_left = seqlen.seqlen_q - m_block * TILE_M
+    tiles.load_rows(gmem_tiled_copy_load, gmem_thr_copy.partition_S(gQ), tQsQ, tQcQ, tQpQ, rows_left)
+    tiles.load_rows(gmem_tiled_copy_load, gmem_thr_copy.partition_S(gdO), tQsdO, tQcQ, tQpdO, rows_left)
+    if n_block_max > n_block_min:
+        load_kv(gmem_tiled_copy_load, tKgK, tKsK, tKVcKV, tKpK, n_block_min, seqlen.seqlen_k)
+        load_kv(gmem_tiled_copy_load, tVgV, tVsV, tKVcKV, tVpV, n_block_min, seqlen.seqlen_k)
+    cute.arch.cp_async_commit_group()
+
+    gLSE2 = cute.local_tile(seqlen.lse_row(mLSE2, batch, head), (TILE_M,), (m_block,))
+    gD = cute.local_tile(seqlen.lse_row(mD, batch, head), (TILE_M,), (m_block,))
+    row_lse2 = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
+    row_d = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
+    for r in cutlass.range_constexpr(cute.size(row_lse2)):
+        row = tScS_mn[r, 0][0]
+        row_lse2[r] = Float32.inf
+        row_d[r] = 0.0
+        if row < rows_left:
+            row_lse2[r] = gLSE2[row]
+            row_d[r] = gD[row]
+
+    # ---- key blocks in increasing order: the fixed summation order of dQ -------------
+    for n_block in cutlass.range(n_block_min, n_block_max, unroll=1):
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
+        acc_S.fill(0.0)
+        tiles.gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, copy_A, copy_B)
+        if mask.needs_mask(m_block, n_block):
+            mask.apply(acc_S, tScS, t0ScS, m_block, n_block)
+        acc_S_mn = tiles.acc_mn_view(acc_S)
+        for r in cutlass.range_constexpr(cute.size(row_lse2)):
+            acc_S_mn[r, None].store(
+                cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - row_lse2[r], fastmath=True)
+            )
+        acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
+        acc_dP.fill(0.0)
+        tiles.gemm_ss(tiled_mma, acc_dP, tdPrdO, tdPrV, tdPsdO, tdPsV, copy_A, copy_B)
+        acc_dP_mn = tiles.acc_mn_view(acc_dP)
+        for r in cutlass.range_constexpr(cute.size(row_d)):
+            acc_dP_mn[r, None].store(acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - row_d[r]))
+        rdS = cute.make_fragment_like(acc_dP, DTYPE)
+        rdS.store(acc_dP.load().to(DTYPE))
+
+        cute.arch.barrier()  # sV is free
+        if n_block + 1 < n_block_max:
+            load_kv(gmem_tiled_copy_load, tVgV, tVsV, tKVcKV, tVpV, n_block + 1, seqlen.seqlen_k)
+        cute.arch.cp_async_commit_group()
+        tiles.gemm_rs(tiled_mma, acc_dQ, tiles.acc_as_operand_a(rdS), tdQrKt, tdQsKt, copy_Bt)
+        cute.arch.barrier()  # sK is free
+        if n_block + 1 < n_block_max:
+            load_kv(gmem_tiled_copy_load, tKgK, tKsK, tKVcKV, tKpK, n_block + 1, seqlen.seqlen_k)
+        cute.arch.cp_async_commit_group()
+
+    # ---- epilogue: dQ through shared memory (sQ reused) to global --------------------
+    acc_dQ.store(acc_dQ.load() * scale)
+    rdQ = cute.make_fragment_like(acc_dQ, DTYPE)
+    rdQ.store(acc_dQ.load().to(DTYPE))
+    cute.arch.cp_async_wait_group(0)
+    cute.arch.barrier()
+    r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), DTYPE), tiled_mma).get_slice(tidx)
+    cute.copy(r2s, r2s.retile(rdQ), r2s.partition_D(sQ))
+    cute.arch.barrier()
+    thr_store = gmem_tiled_copy_store.get_slice(tidx)
+    gdQ = cute.local_tile(seqlen.q_rows(mdQ, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+    tXsX = thr_store.partition_S(sQ)
+    tXgX = thr_store.partition_D(gdQ)
+    tXcX = thr_store.partition_D(cute.make_identity_tensor((TILE_M, TILE_HDIM)))
+    tXpX = tiles.hdim_predicate(tXcX, head_dim_qk)
+    tXrX = cute.make_fragment_like(tXgX, DTYPE)
+    cute.autovec_copy(tXsX, tXrX)
+    written_rows = seqlen.rows_q - m_block * TILE_M
+    for m in cutlass.range_constexpr(cute.size(tXrX.shape[1])):
+        if tXcX[0, m, 0][0] < written_rows:
+            if const_expr(CHECK_HDIM_QK):
+                cute.copy(gmem_tiled_copy_store, tXrX[None, m, None], tXgX[None, m, None], pred=tXpX[None, m, None])
+            else:
+                cute.copy(gmem_tiled_copy_store, tXrX[None, m, None], tXgX[None, m, None])
+
+
+@cute.jit
+def load_kv(gmem_tiled_copy, tXgX, tXsX, tXcX, col_pred, n_block, seqlen_k):
+    """One key block of K or V; rows past the sequence zero-filled (P there is 0, 0 * NaN is not)."""
+    tiles.load_rows(gmem_tiled_copy, tXgX[None, None, None, n_block], tXsX, tXcX, col_pred,
+                    seqlen_k - n_block * TILE_N)

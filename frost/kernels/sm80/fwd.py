@@ -1,0 +1,363 @@
+"""SM80 attention forward: FlashAttention-2 style, one CTA per (query tile, head, sequence).
+
+Specialized by ``PARAMS`` (a ``config.FwdParams``, injected by
+``frost.kernels.template.load_template``); every feature flag is read through
+``const_expr`` so a feature that is off generates no code.
+
+Tiles (``PARAMS``): a CTA owns ``tile_m`` query rows of one head of one
+sequence; K and V stream through shared memory ``tile_n`` rows at a time;
+head dims are padded to the flavor's ``tile_hdim`` with predicated columns.
+``num_warps`` warps are stacked along M, each owning 16-row slabs, so a
+softmax row never crosses a warp.
+
+Pipeline (one K buffer, one V buffer, cp.async, two barriers per key block):
+
+    prologue: Q -> sQ, K[n_max-1] -> sK
+    for key block n = n_max-1 down to n_min:
+        wait K[n]; barrier            (sV free again: last P.V finished)
+        issue V[n] -> sV              (overlaps the Q.K^T below)
+        S = Q.K^T                     (ldmatrix double-buffered per k-slice)
+        mask S                        (only blocks that need it: see mask.py)
+        wait V[n]; barrier            (sK free again)
+        issue K[n-1] -> sK            (overlaps softmax and P.V)
+        online softmax on S; P = bf16/fp16(S) in registers
+        O += P.V
+    epilogue: normalize O, O -> sQ (reused) -> global; lse -> global
+
+Key blocks are visited from the highest down so the only block that can run
+past the sequence end (and needs row predicates and zero fill) is the first.
+Blocks outside the visible band of the whole query tile are never visited
+(causal, windows, padding); blocks inside it take the unmasked path.
+For causal/bottom-right problems, CTAs are launched heaviest (last query
+tile) first, which evens out the tail of the grid.
+
+Layouts: dense q/k/v/o are (B, S, H, D) with any strides but a unit last
+one; packed ones are (T, H, D) with cu_seqlens (B+1); lse is (B, H, S) or
+(H, T). All extents and strides are dynamic, so one artifact serves every
+batch size, sequence length, head count, head dim within the flavor, number
+of packed sequences and packed token total; only the params record (dtype,
+flavor, whether head dims fill it, tiles, features) is static.
+
+Rejected alternatives: a two-stage K/V pipeline (costs 2x K/V shared memory
+and halves occupancy at d128 for no gain on mma.sync); Q held in registers
+(adds 64 registers at d128 and spills).
+"""
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from frost.kernels.sm80 import tiles
+from frost.kernels.sm80.mask import AttentionMask
+from frost.kernels.sm80.seqlen import SeqlenInfo
+from frost.kernels.sm80.softmax import OnlineSoftmax
+
+P = PARAMS  # noqa: F821  (injected by the template loader)
+DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
+TILE_M, TILE_N, TILE_HDIM = P.tile_m, P.tile_n, P.tile_hdim
+NUM_THREADS = P.num_threads
+CHECK_HDIM_QK = P.partial_hdim_qk  # columns past head_dim_qk are predicated off and zeroed
+CHECK_HDIM_V = P.partial_hdim_v
+PACKED = P.layout == "thd"
+
+
+@cute.jit
+def sdpa_fwd(
+    mQ: cute.Tensor,
+    mK: cute.Tensor,
+    mV: cute.Tensor,
+    mO: cute.Tensor,
+    mLSE: cute.Tensor,
+    mCuSeqlensQ: cute.Tensor | None,
+    mCuSeqlensK: cute.Tensor | None,
+    mSeqlensQ: cute.Tensor | None,
+    mSeqlensK: cute.Tensor | None,
+    mSinks: cute.Tensor | None,
+    scale_log2: Float32,
+    window_left: Int32,
+    window_right: Int32,
+    max_seqlen_q: Int32,
+    stream,
+):
+    """Host side: build layouts and copies, size the grid, launch."""
+    sQ_layout = tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM)
+    sKV_layout = tiles.smem_layout(DTYPE, TILE_N, TILE_HDIM)
+
+    @cute.struct
+    class SharedStorage:
+        sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sKV_layout)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sKV_layout)], 1024]
+
+    if const_expr(PACKED):
+        num_batch = mCuSeqlensQ.shape[0] - 1
+        num_m_blocks = cute.ceil_div(max_seqlen_q, TILE_M)
+    else:
+        num_batch = mQ.shape[0]
+        num_m_blocks = cute.ceil_div(mQ.shape[1], TILE_M)
+    num_heads = mQ.shape[2] if const_expr(not PACKED) else mQ.shape[1]
+
+    if const_expr(P.heavy_first):
+        grid = [num_heads, num_batch, num_m_blocks]
+    else:
+        grid = [num_m_blocks, num_heads, num_batch]
+    fwd_kernel(
+        mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK, mSinks,
+        scale_log2, window_left, window_right,
+        sQ_layout, sKV_layout,
+        tiles.gmem_load_copy(DTYPE, TILE_HDIM, NUM_THREADS),
+        tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
+        tiles.tiled_mma(DTYPE, P.num_warps),
+        SharedStorage,
+    ).launch(
+        grid=grid,
+        block=[NUM_THREADS, 1, 1],
+        smem=SharedStorage.size_in_bytes(),
+        stream=stream,
+    )
+
+
+@cute.kernel
+def fwd_kernel(
+    mQ: cute.Tensor,
+    mK: cute.Tensor,
+    mV: cute.Tensor,
+    mO: cute.Tensor,
+    mLSE: cute.Tensor,
+    mCuSeqlensQ: cute.Tensor | None,
+    mCuSeqlensK: cute.Tensor | None,
+    mSeqlensQ: cute.Tensor | None,
+    mSeqlensK: cute.Tensor | None,
+    mSinks: cute.Tensor | None,
+    scale_log2: Float32,
+    window_left: Int32,
+    window_right: Int32,
+    sQ_layout: cute.ComposedLayout,
+    sKV_layout: cute.ComposedLayout,
+    gmem_tiled_copy_load: cute.TiledCopy,
+    gmem_tiled_copy_store: cute.TiledCopy,
+    tiled_mma: cute.TiledMma,
+    SharedStorage: cutlass.Constexpr,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    if const_expr(P.heavy_first):
+        # the grid's slowest index walks query blocks from the last (most keys under a causal
+        # mask) to the first, so the longest CTAs start first and short ones fill the tail
+        head, batch, m_block = cute.arch.block_idx()
+        m_block = cute.arch.grid_dim()[2] - 1 - m_block
+    else:
+        m_block, head, batch = cute.arch.block_idx()
+
+    seqlen = SeqlenInfo.create(batch, mQ, mK, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK)
+    heads_q = mQ.shape[1] if const_expr(PACKED) else mQ.shape[2]
+    heads_kv = mK.shape[1] if const_expr(PACKED) else mK.shape[2]
+    head_kv = head // (heads_q // heads_kv)
+    mask = AttentionMask(
+        TILE_M, TILE_N, P.has_window_left, P.has_window_right, False,
+        seqlen.seqlen_q, seqlen.seqlen_k,
+        seqlen.seqlen_k - seqlen.seqlen_q if const_expr(P.bottom_right) else Int32(0),
+        window_left, window_right,
+    )
+    n_block_min, n_block_max = mask.n_block_range(m_block)
+
+    # ---- tiles of this CTA -------------------------------------------------
+    # (TILE_M, TILE_HDIM)
+    gQ = cute.local_tile(seqlen.q_rows(mQ, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+    # (TILE_N, TILE_HDIM, n_blocks)
+    gK = cute.local_tile(seqlen.k_rows(mK, batch, head_kv), (TILE_N, TILE_HDIM), (None, 0))
+    gV = cute.local_tile(seqlen.k_rows(mV, batch, head_kv), (TILE_N, TILE_HDIM), (None, 0))
+
+    storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+    sQ = storage.sQ.get_tensor(sQ_layout)
+    sK = storage.sK.get_tensor(sKV_layout)
+    sV = storage.sV.get_tensor(sKV_layout)
+    sVt = tiles.transpose_view(sV, TILE_N, TILE_HDIM)  # (TILE_HDIM, TILE_N): V as the B operand of P.V
+
+    # ---- global -> shared copies -------------------------------------------
+    gmem_thr_copy = gmem_tiled_copy_load.get_slice(tidx)
+    tQgQ = gmem_thr_copy.partition_S(gQ)   # (CPY, CPY_M, CPY_K)
+    tQsQ = gmem_thr_copy.partition_D(sQ)
+    tKgK = gmem_thr_copy.partition_S(gK)   # (CPY, CPY_N, CPY_K, n_blocks)
+    tKsK = gmem_thr_copy.partition_D(sK)
+    tVgV = gmem_thr_copy.partition_S(gV)
+    tVsV = gmem_thr_copy.partition_D(sV)
+    cQ = cute.make_identity_tensor((TILE_M, TILE_HDIM))
+    cKV = cute.make_identity_tensor((TILE_N, TILE_HDIM))
+    tQcQ = gmem_thr_copy.partition_S(cQ)
+    tKVcKV = gmem_thr_copy.partition_S(cKV)
+    head_dim_qk, head_dim_v = mQ.shape[-1], mV.shape[-1]
+    tQpQ = tiles.hdim_predicate(tQcQ, head_dim_qk)
+    tKpK = tiles.hdim_predicate(tKVcKV, head_dim_qk)
+    tVpV = tiles.hdim_predicate(tKVcKV, head_dim_v)
+
+    # ---- MMA partitions and shared -> register copies ----------------------
+    thr_mma = tiled_mma.get_slice(tidx)
+    tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+    tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+    tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+    acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM)), Float32)
+    acc_O.fill(0.0)
+
+    smem_thr_copy_Q = cute.make_tiled_copy_A(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
+    smem_thr_copy_K = cute.make_tiled_copy_B(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
+    smem_thr_copy_V = cute.make_tiled_copy_B(tiles.ldmatrix_atom(DTYPE, transpose=True), tiled_mma).get_slice(tidx)
+    tSsQ = smem_thr_copy_Q.partition_S(sQ)
+    tSsK = smem_thr_copy_K.partition_S(sK)
+    tOsVt = smem_thr_copy_V.partition_S(sVt)
+    tSrQ_view = smem_thr_copy_Q.retile(tSrQ)
+    tSrK_view = smem_thr_copy_K.retile(tSrK)
+    tOrVt_view = smem_thr_copy_V.retile(tOrVt)
+
+    # score-tile coordinates for masking: this thread's and thread 0's (compile-time)
+    cS = cute.make_identity_tensor((TILE_M, TILE_N))
+    tScS = thr_mma.partition_C(cS)
+    t0ScS = tiled_mma.get_slice(0).partition_C(cS)
+
+    # ---- prologue -----------------------------------------------------------
+    # Columns past the head dim are never written by a copy: zero them once so
+    # they add nothing to Q.K^T (and keep padded V columns finite).
+    if const_expr(CHECK_HDIM_QK):
+        tiles.zero_unpredicated(tQsQ, tQpQ)
+        tiles.zero_unpredicated(tKsK, tKpK)
+    if const_expr(CHECK_HDIM_V):
+        tiles.zero_unpredicated(tVsV, tVpV)
+    # Query rows past the sequence are zero-filled so their (discarded) scores stay finite.
+    tiles.load_rows(gmem_tiled_copy_load, tQgQ, tQsQ, tQcQ, tQpQ, seqlen.seqlen_q - m_block * TILE_M)
+    if n_block_max > n_block_min:
+        n_top = n_block_max - 1
+        tiles.load_rows(gmem_tiled_copy_load, tKgK[None, None, None, n_top], tKsK, tKVcKV, tKpK,
+                  seqlen.seqlen_k - n_top * TILE_N)
+    cute.arch.cp_async_commit_group()
+
+    softmax = OnlineSoftmax.create(scale_log2, cute.size(acc_O, mode=[0, 0]) * cute.size(acc_O, mode=[1]))
+
+    # ---- main loop over key blocks, highest first ---------------------------
+    for i in cutlass.range(n_block_max - n_block_min, unroll=1):
+        n_block = n_block_max - 1 - i
+        args = (
+            n_block, n_block_min, m_block, seqlen.seqlen_k, mask, softmax, acc_O,
+            tiled_mma, thr_mma, tScS, t0ScS,
+            gmem_tiled_copy_load, tKgK, tKsK, tVgV, tVsV, tKVcKV, tKpK, tVpV,
+            smem_thr_copy_Q, smem_thr_copy_K, smem_thr_copy_V,
+            tSsQ, tSsK, tOsVt, tSrQ, tSrK, tOrVt, tSrQ_view, tSrK_view, tOrVt_view,
+        )
+        if mask.needs_mask(m_block, n_block):
+            key_block_step(*args, masked=True)
+        else:
+            key_block_step(*args, masked=False)
+
+    # ---- epilogue ------------------------------------------------------------
+    o_scale = cute.make_fragment_like(softmax.row_max, Float32)
+    lse = cute.make_fragment_like(softmax.row_max, Float32)
+    sink = mSinks[head] if const_expr(P.has_sinks) else None
+    softmax.finalize(o_scale, lse, sink, P.has_sinks)
+
+    # Rows past the valid length but inside the written range (dense padding) get o = 0, lse = -inf.
+    cO = cute.make_identity_tensor((TILE_M, TILE_HDIM))
+    tOcO_mn = tiles.acc_mn_view(thr_mma.partition_C(cO))
+    acc_O_mn = tiles.acc_mn_view(acc_O)
+    valid_rows = seqlen.seqlen_q - m_block * TILE_M
+    for r in cutlass.range_constexpr(cute.size(o_scale)):
+        padded = tOcO_mn[r, 0][0] >= valid_rows
+        acc_O_mn[r, None].store(acc_O_mn[r, None].load() * o_scale[r])
+        if padded:
+            acc_O_mn[r, None].fill(0.0)
+            lse[r] = -Float32.inf
+
+    rO = cute.make_fragment_like(acc_O, DTYPE)
+    rO.store(acc_O.load().to(DTYPE))
+    # Before sQ is reused for O: the Q copy must have landed (a CTA with no key block never
+    # waited for it) and every warp must be done reading sQ.
+    cute.arch.cp_async_wait_group(0)
+    cute.arch.barrier()
+    sO = cute.make_tensor(sQ.iterator, sQ_layout)
+    smem_tiled_copy_O = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), DTYPE), tiled_mma)
+    smem_thr_copy_O = smem_tiled_copy_O.get_slice(tidx)
+    cute.copy(smem_thr_copy_O, smem_thr_copy_O.retile(rO), smem_thr_copy_O.partition_D(sO))
+
+    # lse: the quad's column-0 thread writes its rows
+    written_rows = seqlen.rows_q - m_block * TILE_M
+    gLSE = cute.local_tile(seqlen.lse_row(mLSE, batch, head), (TILE_M,), (m_block,))
+    if tOcO_mn[0, 0][1] == 0:
+        for r in cutlass.range_constexpr(cute.size(lse)):
+            row = tOcO_mn[r, 0][0]
+            if row < written_rows:
+                gLSE[row] = lse[r]
+
+    cute.arch.barrier()  # sO complete
+    gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+    gmem_thr_copy_O = gmem_tiled_copy_store.get_slice(tidx)
+    tOsO = gmem_thr_copy_O.partition_S(sO)
+    tOgO = gmem_thr_copy_O.partition_D(gO)
+    tOcO = gmem_thr_copy_O.partition_D(cO)
+    tOpO = tiles.hdim_predicate(tOcO, head_dim_v)
+    tOrO = cute.make_fragment_like(tOgO, DTYPE)
+    cute.autovec_copy(tOsO, tOrO)
+    for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+        if tOcO[0, m, 0][0] < written_rows:
+            if const_expr(CHECK_HDIM_V):
+                cute.copy(gmem_tiled_copy_store, tOrO[None, m, None], tOgO[None, m, None], pred=tOpO[None, m, None])
+            else:
+                cute.copy(gmem_tiled_copy_store, tOrO[None, m, None], tOgO[None, m, None])
+
+
+@cute.jit
+def key_block_step(
+    n_block: Int32, n_block_min: Int32, m_block: Int32, seqlen_k: Int32,
+    mask: AttentionMask, softmax: OnlineSoftmax, acc_O: cute.Tensor,
+    tiled_mma: cute.TiledMma, thr_mma, tScS: cute.Tensor, t0ScS: cute.Tensor,
+    gmem_tiled_copy: cute.TiledCopy, tKgK, tKsK, tVgV, tVsV, tKVcKV, tKpK, tVpV,
+    smem_thr_copy_Q, smem_thr_copy_K, smem_thr_copy_V,
+    tSsQ, tSsK, tOsVt, tSrQ, tSrK, tOrVt, tSrQ_view, tSrK_view, tOrVt_view,
+    masked: cutlass.Constexpr[bool],
+):
+    """One key block: S = Q.K^T, mask (if ``masked``), online softmax, O += P.V.
+
+    ``masked`` blocks may also be the block that runs past Sk_b, so their V
+    load checks rows and zero-fills (P = 0 times an unwritten NaN would be NaN).
+    """
+    acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_N)), Float32)
+    acc_S.fill(0.0)
+    cute.arch.cp_async_wait_group(0)
+    cute.arch.barrier()
+    if const_expr(masked):
+        tiles.load_rows(gmem_tiled_copy, tVgV[None, None, None, n_block], tVsV, tKVcKV, tVpV,
+                  seqlen_k - n_block * TILE_N)
+    else:
+        tiles.copy_block(gmem_tiled_copy, tVgV[None, None, None, n_block], tVsV, tVpV, CHECK_HDIM_V)
+    cute.arch.cp_async_commit_group()
+
+    # S = Q.K^T, shared->register loads one k-slice ahead of the MMAs
+    cute.copy(smem_thr_copy_Q, tSsQ[None, None, 0], tSrQ_view[None, None, 0])
+    cute.copy(smem_thr_copy_K, tSsK[None, None, 0], tSrK_view[None, None, 0])
+    num_k = cute.size(tSsQ.shape[2])
+    for k in cutlass.range_constexpr(num_k):
+        if const_expr(k + 1 < num_k):
+            cute.copy(smem_thr_copy_Q, tSsQ[None, None, k + 1], tSrQ_view[None, None, k + 1])
+            cute.copy(smem_thr_copy_K, tSsK[None, None, k + 1], tSrK_view[None, None, k + 1])
+        cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+
+    if const_expr(masked):
+        mask.apply(acc_S, tScS, t0ScS, m_block, n_block)
+
+    cute.arch.cp_async_wait_group(0)
+    cute.arch.barrier()
+    if n_block - 1 >= n_block_min:
+        tiles.copy_block(gmem_tiled_copy, tKgK[None, None, None, n_block - 1], tKsK, tKpK, CHECK_HDIM_QK)
+    cute.arch.cp_async_commit_group()
+
+    softmax.step(acc_S, acc_O)
+    rP = cute.make_fragment_like(acc_S, DTYPE)
+    rP.store(acc_S.load().to(DTYPE))
+    tOrP = tiles.acc_as_operand_a(rP)
+
+    # O += P.V
+    cute.copy(smem_thr_copy_V, tOsVt[None, None, 0], tOrVt_view[None, None, 0])
+    num_k_pv = cute.size(tOrP.shape[2])
+    for k in cutlass.range_constexpr(num_k_pv):
+        if const_expr(k + 1 < num_k_pv):
+            cute.copy(smem_thr_copy_V, tOsVt[None, None, k + 1], tOrVt_view[None, None, k + 1])
+        cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)

@@ -1,0 +1,69 @@
+"""Per-CTA sequence facts: where sequence ``b`` starts in each tensor and how long it is.
+
+Read once at the top of a CTA (from cu_seqlens for packed input, from
+seqlens for dense padding, or from the static extents), so the main loop
+never touches those tensors again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, const_expr
+
+
+@dataclass(frozen=True)
+class SeqlenInfo:
+    offset_q: Int32   # first row of sequence b in packed q/o (0 for dense)
+    offset_k: Int32   # first row of sequence b in packed k/v (0 for dense)
+    seqlen_q: Int32   # valid query rows of sequence b
+    seqlen_k: Int32   # valid key rows of sequence b
+    rows_q: Int32     # query rows a CTA must write: the padded S for dense, seqlen_q for packed
+    rows_k: Int32     # key rows likewise (dk, dv of padded keys are written as zeros)
+    packed: cutlass.Constexpr[bool]
+
+    @staticmethod
+    def create(
+        batch: Int32,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mCuSeqlensQ: cute.Tensor | None,
+        mCuSeqlensK: cute.Tensor | None,
+        mSeqlensQ: cute.Tensor | None,
+        mSeqlensK: cute.Tensor | None,
+    ) -> "SeqlenInfo":
+        if const_expr(mCuSeqlensQ is not None):
+            offset_q = mCuSeqlensQ[batch]
+            offset_k = mCuSeqlensK[batch]
+            seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
+            seqlen_k = mCuSeqlensK[batch + 1] - offset_k
+            return SeqlenInfo(offset_q, offset_k, seqlen_q, seqlen_k, seqlen_q, seqlen_k, True)
+        rows_q, rows_k = mQ.shape[1], mK.shape[1]
+        if const_expr(mSeqlensQ is not None):
+            return SeqlenInfo(Int32(0), Int32(0), mSeqlensQ[batch], mSeqlensK[batch], rows_q, rows_k, False)
+        return SeqlenInfo(Int32(0), Int32(0), rows_q, rows_k, rows_q, rows_k, False)
+
+    def rows_of(self, mX: cute.Tensor, batch, head, offset) -> cute.Tensor:
+        """(seq, d) view of sequence ``batch``, head ``head`` of a q/k/v/o tensor."""
+        if const_expr(not self.packed):
+            return mX[batch, None, head, None]
+        return cute.domain_offset((offset, 0), mX[None, head, None])
+
+    def q_rows(self, mX: cute.Tensor, batch, head) -> cute.Tensor:
+        return self.rows_of(mX, batch, head, self.offset_q)
+
+    def k_rows(self, mX: cute.Tensor, batch, head) -> cute.Tensor:
+        return self.rows_of(mX, batch, head, self.offset_k)
+
+    def q_rows_accum(self, mAcc: cute.Tensor, batch, head) -> cute.Tensor:
+        """(seq, d) view of the fp32 dQ accumulator: [B, H, S, D] dense, [H, T, D] packed."""
+        if const_expr(not self.packed):
+            return mAcc[batch, head, None, None]
+        return cute.domain_offset((self.offset_q, 0), mAcc[head, None, None])
+
+    def lse_row(self, mLSE: cute.Tensor, batch, head) -> cute.Tensor:
+        """(seq,) view of the lse of one sequence and head: [B, H, S] dense, [H, T] packed."""
+        if const_expr(not self.packed):
+            return mLSE[batch, head, None]
+        return cute.domain_offset((self.offset_q,), mLSE[head, None])

@@ -1,0 +1,361 @@
+"""Rejection of bad input, before any engine sees a call.
+
+Every check raises ValueError whose message starts with the argument's name and
+says what was wrong (``"cu_seqlens_q: must start at 0, got 3"``). The checks follow
+SEMANTICS.md; they judge the call's arguments, never whether an engine supports
+them (that is each engine's ``check_support``).
+
+cu_seqlens and seqlens are read on the host (one device-to-host copy each) to check
+their values and to find the longest packed sequence.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from frost.problem import Options, Problem, Tensors
+
+IO_DTYPES = (torch.float16, torch.bfloat16)
+ALIGNMENTS = ("top_left", "bottom_right")
+
+
+class Extents(NamedTuple):
+    """Sizes that validation derives from the arguments."""
+
+    layout: str  # "bshd" | "thd"
+    batch: int
+    seqlen_q: int  # dense Sq, or max_seqlen_q for thd (given, else the longest sequence)
+    seqlen_k: int
+    longest_q: int  # the longest valid query sequence (dense: Sq)
+    longest_k: int
+
+
+def validate(direction: str, t: Tensors, options: Options) -> Extents:
+    """Check one call; return its extents or raise ValueError naming the argument."""
+    _check_tensor_types(t)
+    layout = _check_dtypes_and_rank(t)
+    _check_devices(t)
+    _check_last_dim_strides(t)
+    if layout == "bshd":
+        extents = _check_dense(t, options)
+    else:
+        extents = _check_packed(t, options)
+    _check_options(options, direction)
+    _check_bias(t, extents)
+    _check_sinks(t)
+    _check_rope(t, extents)
+    if direction == "backward":
+        _check_backward_tensors(t, extents)
+    return extents
+
+
+def check_out(problem: Problem, out, tensors: Tensors):
+    """Check preallocated outputs (``out=``) against the problem; return them normalized.
+
+    Forward: ``(o, lse)``. Backward: ``Grads`` (or a 5-tuple) of dq, dk, dv, dbias,
+    dsinks, with dbias given iff bias is and dsinks iff sinks is.
+    """
+    from frost.problem import Grads  # here: frost.problem imports this module
+
+    if out is None:
+        return None
+    device = torch.device(problem.device)
+    if problem.direction == "forward":
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ValueError("out: expected a (o, lse) pair of tensors for the forward")
+        o, lse = out
+        _check_out_tensor("out.o", o, problem.o_shape, problem.dtype, device)
+        _check_out_tensor("out.lse", lse, problem.lse_shape, torch.float32, device)
+        return o, lse
+    if not isinstance(out, (tuple, list)) or len(out) != 5:
+        raise ValueError("out: expected Grads(dq, dk, dv, dbias, dsinks) for the backward")
+    grads = Grads(*out)
+    _check_out_tensor("out.dq", grads.dq, tuple(tensors.q.shape), problem.dtype, device)
+    _check_out_tensor("out.dk", grads.dk, tuple(tensors.k.shape), problem.dtype, device)
+    _check_out_tensor("out.dv", grads.dv, tuple(tensors.v.shape), problem.dtype, device)
+    for name, source, grad, dtype in (
+        ("dbias", tensors.bias, grads.dbias, problem.bias.dtype if problem.bias else None),
+        ("dsinks", tensors.sinks, grads.dsinks, torch.float32),
+    ):
+        if source is None and grad is not None:
+            raise ValueError(f"out.{name}: must be None when {name[1:]} is not given")
+        if source is not None:
+            if grad is None:
+                raise ValueError(f"out.{name}: a tensor is required since {name[1:]} is given")
+            _check_out_tensor(f"out.{name}", grad, tuple(source.shape), dtype, device)
+    return grads
+
+
+def _check_out_tensor(name, x, shape, dtype, device) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if x.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype}, got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name}: on {x.device} but the inputs are on {device}")
+    _check_stride(name, x)
+
+
+def _present(t: Tensors):
+    """(name, tensor) for every tensor argument given, in argument order."""
+    names = ("q", "k", "v", "o", "lse", "do", "seqlens_q", "seqlens_k", "cu_seqlens_q",
+             "cu_seqlens_k", "bias", "sinks", "rope_cos", "rope_sin")  # fmt: skip
+    for name in names:
+        x = getattr(t, name)
+        if x is not None:
+            yield ("rope" if name.startswith("rope") else name), x
+
+
+def _check_tensor_types(t: Tensors) -> None:
+    for name in ("q", "k", "v"):
+        if getattr(t, name) is None:
+            raise ValueError(f"{name}: required, got None")
+    for name, x in _present(t):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+
+
+def _check_dtypes_and_rank(t: Tensors) -> str:
+    q = t.q
+    if q.dtype not in IO_DTYPES:
+        raise ValueError(f"q: dtype {q.dtype} is not supported (frost takes torch.float16 or torch.bfloat16)")
+    for name in ("k", "v", "o", "do"):
+        x = getattr(t, name)
+        if x is not None and x.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype {x.dtype} does not match q's {q.dtype}")
+    if q.dim() not in (3, 4):
+        raise ValueError(
+            f"q: expected 4 dims [B, Sq, Hq, Dqk] or 3 packed dims [Tq, Hq, Dqk], got shape {tuple(q.shape)}"
+        )
+    for name in ("k", "v", "o", "do"):
+        x = getattr(t, name)
+        if x is not None and x.dim() != q.dim():
+            raise ValueError(f"{name}: has {x.dim()} dims but q has {q.dim()} (layouts cannot be mixed)")
+    return "bshd" if q.dim() == 4 else "thd"
+
+
+def _check_devices(t: Tensors) -> None:
+    device = t.q.device
+    for name, x in _present(t):
+        if x.device != device:
+            raise ValueError(f"{name}: on {x.device} but q is on {device} (mixed devices)")
+
+
+def _check_stride(name: str, x: torch.Tensor) -> None:
+    if x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dimension must have stride 1, got strides {tuple(x.stride())}")
+
+
+def _check_last_dim_strides(t: Tensors) -> None:
+    for name in ("q", "k", "v", "o", "lse", "do"):
+        x = getattr(t, name)
+        if x is not None:
+            _check_stride(name, x)
+
+
+def _check_heads(t: Tensors, head_axis: int) -> None:
+    q, k, v = t.q, t.k, t.v
+    heads_q, heads_kv = q.shape[head_axis], k.shape[head_axis]
+    if heads_q < 1 or heads_kv < 1:
+        raise ValueError(f"q: head counts must be >= 1, got Hq={heads_q}, Hkv={heads_kv}")
+    if v.shape[head_axis] != heads_kv:
+        raise ValueError(f"v: has {v.shape[head_axis]} heads but k has {heads_kv}")
+    if heads_q % heads_kv != 0:
+        raise ValueError(f"k: Hq={heads_q} is not a multiple of Hkv={heads_kv}")
+    if q.shape[-1] < 1 or v.shape[-1] < 1:
+        raise ValueError(f"q: head dims must be >= 1, got Dqk={q.shape[-1]}, Dv={v.shape[-1]}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k: head dim {k.shape[-1]} does not match q's {q.shape[-1]}")
+
+
+def _check_int_vector(name: str, x: torch.Tensor, length: int | None) -> list[int]:
+    if x.dtype != torch.int32:
+        raise ValueError(f"{name}: dtype must be torch.int32, got {x.dtype}")
+    if x.dim() != 1:
+        raise ValueError(f"{name}: expected a 1-dim tensor, got shape {tuple(x.shape)}")
+    if length is not None and x.shape[0] != length:
+        raise ValueError(f"{name}: expected {length} entries, got {x.shape[0]}")
+    return x.tolist()
+
+
+def _check_dense(t: Tensors, options: Options) -> Extents:
+    q, k, v = t.q, t.k, t.v
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):
+        if getattr(t, name) is not None:
+            raise ValueError(f"{name}: only for packed 3-dim inputs; q is 4-dim [B, Sq, Hq, Dqk]")
+    for name in ("max_seqlen_q", "max_seqlen_k"):
+        if getattr(options, name) is not None:
+            raise ValueError(f"{name}: only for packed 3-dim inputs; q is 4-dim [B, Sq, Hq, Dqk]")
+    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    if batch < 1:
+        raise ValueError(f"q: batch must be >= 1, got {batch}")
+    if k.shape[0] != batch:
+        raise ValueError(f"k: batch {k.shape[0]} does not match q's {batch}")
+    if v.shape[0] != batch or v.shape[1] != seqlen_k:
+        raise ValueError(f"v: shape {tuple(v.shape)} does not match k's [B={batch}, Sk={seqlen_k}, ...]")
+    _check_heads(t, head_axis=2)
+    for name, extent in (("seqlens_q", seqlen_q), ("seqlens_k", seqlen_k)):
+        x = getattr(t, name)
+        if x is None:
+            continue
+        values = _check_int_vector(name, x, batch)
+        if min(values) < 0 or max(values) > extent:
+            raise ValueError(
+                f"{name}: values must lie in [0, {extent}], got min {min(values)}, max {max(values)}"
+            )
+    return Extents("bshd", batch, seqlen_q, seqlen_k, seqlen_q, seqlen_k)
+
+
+def _check_cu_seqlens(name: str, x: torch.Tensor, rows: int, tensor: str) -> list[int]:
+    values = _check_int_vector(name, x, None)
+    if len(values) < 2:
+        raise ValueError(f"{name}: needs at least 2 entries (one sequence), got {len(values)}")
+    if values[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {values[0]}")
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            raise ValueError(
+                f"{name}: must be non-decreasing, but entry {i} ({values[i]}) < entry {i - 1} ({values[i - 1]})"
+            )
+    if values[-1] > rows:
+        raise ValueError(f"{name}: ends at {values[-1]} but {tensor} has only {rows} rows")
+    return values
+
+
+def _check_packed(t: Tensors, options: Options) -> Extents:
+    q, k, v = t.q, t.k, t.v
+    for name in ("seqlens_q", "seqlens_k"):
+        if getattr(t, name) is not None:
+            raise ValueError(f"{name}: dense padding is for 4-dim inputs; packed inputs use cu_seqlens")
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):
+        if getattr(t, name) is None:
+            raise ValueError(f"{name}: required for packed 3-dim inputs [T, H, D]")
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"v: has {v.shape[0]} rows but k has {k.shape[0]}")
+    _check_heads(t, head_axis=1)
+    cu_q = _check_cu_seqlens("cu_seqlens_q", t.cu_seqlens_q, q.shape[0], "q")
+    cu_k = _check_cu_seqlens("cu_seqlens_k", t.cu_seqlens_k, k.shape[0], "k")
+    if len(cu_k) != len(cu_q):
+        raise ValueError(
+            f"cu_seqlens_k: describes {len(cu_k) - 1} sequences but cu_seqlens_q describes {len(cu_q) - 1}"
+        )
+    longest_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
+    longest_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+    seqlen = []
+    for name, longest in (("max_seqlen_q", longest_q), ("max_seqlen_k", longest_k)):
+        given = getattr(options, name)
+        if given is None:
+            seqlen.append(longest)
+            continue
+        if isinstance(given, bool) or not isinstance(given, int):
+            raise ValueError(f"{name}: expected an int, got {given!r}")
+        if given < longest:
+            raise ValueError(f"{name}: {given} is less than the longest sequence ({longest})")
+        seqlen.append(given)
+    return Extents("thd", len(cu_q) - 1, seqlen[0], seqlen[1], longest_q, longest_k)
+
+
+def _check_options(options: Options, direction: str) -> None:
+    scale = options.scale
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise ValueError(f"scale: expected a finite number or None, got {scale!r}")
+    if not isinstance(options.causal, bool):
+        raise ValueError(f"causal: expected a bool, got {options.causal!r}")
+    if options.causal_align not in ALIGNMENTS:
+        raise ValueError(f"causal_align: expected one of {ALIGNMENTS}, got {options.causal_align!r}")
+    left, right = options.window
+    if left < -1 or right < -1:
+        raise ValueError(f"window: values must be >= -1 (-1 is unbounded), got {options.window}")
+    if options.causal and right > 0:
+        raise ValueError(f"window: window_right={right} conflicts with causal=True (causal means window_right=0)")
+    if not isinstance(options.deterministic, bool):
+        raise ValueError(f"deterministic: expected a bool, got {options.deterministic!r}")
+    if options.deterministic and direction != "backward":
+        raise ValueError("deterministic: only the backward takes it")
+
+
+def _check_bias(t: Tensors, extents: Extents) -> None:
+    bias = t.bias
+    if bias is None:
+        return
+    q = t.q
+    if bias.dtype not in (torch.float32, q.dtype):
+        raise ValueError(f"bias: dtype must be torch.float32 or q's {q.dtype}, got {bias.dtype}")
+    batch, heads = extents.batch, q.shape[-2]
+    if extents.layout == "bshd":
+        want = f"[B|1={batch}|1, Hq|1={heads}|1, Sq={extents.seqlen_q}, Sk={extents.seqlen_k}]"
+        fits = bias.dim() == 4 and bias.shape[2] == extents.seqlen_q and bias.shape[3] == extents.seqlen_k
+    else:
+        want = (f"[B|1={batch}|1, Hq|1={heads}|1, >= {extents.longest_q}, >= {extents.longest_k}] "
+                "(the last two dims cover the longest sequences)")  # fmt: skip
+        fits = bias.dim() == 4 and bias.shape[2] >= extents.longest_q and bias.shape[3] >= extents.longest_k
+    fits = fits and bias.shape[0] in (1, batch) and bias.shape[1] in (1, heads)
+    if not fits:
+        raise ValueError(f"bias: shape {tuple(bias.shape)} does not broadcast to {want}")
+
+
+def _check_sinks(t: Tensors) -> None:
+    sinks = t.sinks
+    if sinks is None:
+        return
+    heads = t.q.shape[-2]
+    if sinks.dtype != torch.float32:
+        raise ValueError(f"sinks: dtype must be torch.float32, got {sinks.dtype}")
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks: expected shape ({heads},) (one per query head), got {tuple(sinks.shape)}")
+
+
+def _check_rope(t: Tensors, extents: Extents) -> None:
+    cos, sin = t.rope_cos, t.rope_sin
+    if cos is None and sin is None:
+        return
+    if cos is None or sin is None:
+        raise ValueError("rope: expected a (cos, sin) pair of tensors, got a None inside")
+    head_dim = t.q.shape[-1]
+    if head_dim % 2:
+        raise ValueError(f"rope: head_dim_qk={head_dim} is odd; RoPE needs an even head dim")
+    for x in (cos, sin):
+        if x.dtype != torch.float32:
+            raise ValueError(f"rope: tables must be torch.float32, got {x.dtype}")
+        if x.dim() != 2 or x.shape[1] != head_dim // 2:
+            raise ValueError(f"rope: tables must have shape [max_pos, {head_dim // 2}], got {tuple(x.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rope: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} differ in shape")
+    # Dense: every row of the tensors has a position; packed: the longest sequence.
+    if extents.layout == "bshd":
+        needed = max(extents.seqlen_q, extents.seqlen_k)
+    else:
+        needed = max(extents.longest_q, extents.longest_k)
+    if cos.shape[0] < needed:
+        raise ValueError(
+            f"rope: tables have {cos.shape[0]} positions but positions up to {needed - 1} are used "
+            f"(need >= {needed})"
+        )
+
+
+def _check_backward_tensors(t: Tensors, extents: Extents) -> None:
+    q, v = t.q, t.v
+    for name in ("o", "lse", "do"):
+        if getattr(t, name) is None:
+            raise ValueError(f"{name}: required by the backward")
+    o_shape = (*q.shape[:-1], v.shape[-1])
+    for name in ("o", "do"):
+        x = getattr(t, name)
+        if tuple(x.shape) != o_shape:
+            raise ValueError(
+                f"{name}: expected shape {o_shape} (q's rows and heads, v's head dim), got {tuple(x.shape)}"
+            )
+    if extents.layout == "bshd":
+        lse_shape = (extents.batch, q.shape[2], q.shape[1])
+    else:
+        lse_shape = (q.shape[1], q.shape[0])
+    if tuple(t.lse.shape) != lse_shape:
+        raise ValueError(f"lse: expected shape {lse_shape}, got {tuple(t.lse.shape)}")
+    if t.lse.dtype != torch.float32:
+        raise ValueError(f"lse: dtype must be torch.float32, got {t.lse.dtype}")

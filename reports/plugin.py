@@ -1,0 +1,93 @@
+"""pytest plugin: collect the harness records of a run and print the routing summary.
+
+Loaded by the repository's conftest.py. Each test process (the only one, "main", or
+each pytest-xdist worker, "gw0", ...) appends the rows its tests recorded, stamped with
+the test id, outcome and worker, to ``records-<worker>.jsonl`` in the run folder; the controller merges
+the files at the end and prints the routing summary (``reports.tables``).
+
+The run folder is ``--frost-records DIR`` (``frost-report`` passes one and keeps it),
+otherwise a temporary folder that is removed when the run ends. The controller hands
+it to xdist workers through ``workerinput``.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from reports import records
+
+_FOLDER = pytest.StashKey[Path]()
+_FILE = pytest.StashKey[Path]()
+_TEMPORARY = pytest.StashKey[bool]()
+_WORKER = pytest.StashKey[str]()
+_WORKER_KEY = "frost_records"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--frost-records",
+        default=None,
+        metavar="DIR",
+        help="folder for frost's per-case records (JSON lines, one file per worker); default: a temporary folder",
+    )
+
+
+class _XdistHooks:
+    """Hands the run folder to each xdist worker."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def pytest_configure_node(self, node):
+        node.workerinput[_WORKER_KEY] = str(self.folder)
+
+
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        folder, name = Path(workerinput[_WORKER_KEY]), workerinput["workerid"]
+    else:
+        given = config.getoption("frost_records")
+        folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="frost-records-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("records-*.jsonl"):
+            stale.unlink()
+        config.stash[_TEMPORARY] = given is None
+        name = "main"
+        if config.pluginmanager.hasplugin("xdist"):
+            config.pluginmanager.register(_XdistHooks(folder), "frost-records-xdist")
+    config.stash[_FOLDER] = folder
+    config.stash[_WORKER] = name
+    config.stash[_FILE] = folder / f"records-{name}.jsonl"
+    records.start()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.when == "call":
+        rows = records.drain()
+        for row in rows:
+            row.update(test_id=item.nodeid, outcome=report.outcome, worker=item.config.stash[_WORKER])
+        if rows:
+            records.append_jsonl(item.config.stash[_FILE], rows)
+    return report
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if hasattr(config, "workerinput"):
+        return
+    from reports import tables  # imports pandas: late, so that collection stays quick
+
+    rows = records.read_folder(config.stash[_FOLDER])
+    terminalreporter.section("frost routing summary")
+    for line in tables.summary_lines(tables.frame(rows)):
+        terminalreporter.write_line(line)
+
+
+def pytest_unconfigure(config):
+    if config.stash.get(_TEMPORARY, False):
+        shutil.rmtree(config.stash[_FOLDER], ignore_errors=True)

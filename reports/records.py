@@ -1,0 +1,56 @@
+"""Per-case records: the rows the accuracy harness produces and the reports read.
+
+A row is a flat dict, one per (test case, direction, output); ``COLUMNS`` lists its
+keys in report order. The harness calls ``add`` while a test runs; the pytest plugin
+(``reports.plugin``) has called ``start`` and, after each test, ``drain``s the rows,
+stamps them with the test id, outcome and worker and appends them as JSON lines to its
+worker's file of the run folder. Outside a pytest run with the plugin nothing
+collects and ``add`` drops the row.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+COLUMNS = (
+    "test_id", "outcome", "worker", "case", "direction", "mode", "engine", "native", "dtype", "device",
+    "layout", "feature_group", "features", "output", "passed", "ratio", "ratio_max",
+    "ratio_l2", "err_max", "allowed_max", "nonfinite", "declined", "problem", "error", "reproduce",
+)  # fmt: skip
+
+_pending: list[dict] | None = None
+
+
+def start() -> None:
+    """Begin collecting rows in this process."""
+    global _pending
+    _pending = []
+
+
+def add(row: dict) -> None:
+    if _pending is not None:
+        _pending.append(row)
+
+
+def drain() -> list[dict]:
+    """The rows added since the last drain."""
+    if _pending is None:
+        return []
+    rows = list(_pending)
+    _pending.clear()
+    return rows
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+def read_folder(folder: Path) -> list[dict]:
+    """Every row of every worker file (``records-*.jsonl``) in a run folder."""
+    rows = []
+    for path in sorted(Path(folder).glob("records-*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows

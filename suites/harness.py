@@ -1,0 +1,336 @@
+"""The accuracy harness every engine suite uses: build, run poisoned, judge, record.
+
+``Case`` describes a problem by sizes and features (no tensors). ``check(case)``:
+
+1. builds fresh seeded random inputs for it (``make_inputs``; never zeros; the seed
+   mixes ``case.seed`` with the case's id, so every case draws its own numbers);
+2. runs frost forward and/or backward through dispatch or a forced ``engine=``, into
+   outputs poisoned with NaN before the launch (``out=``), and checks that packed
+   rows past ``cu_seqlens[-1]`` are still poisoned afterwards;
+3. runs the float64 oracle and the same-precision baseline on the same (already
+   rounded) inputs and applies the acceptance rule (``oracle.tolerance``); the
+   backward is fed the oracle's o and lse rounded to their io dtypes, so it is judged
+   on its own;
+4. with ``deterministic=True`` runs the backward twice and compares bits;
+5. records one row per output for the report plugin (``reports.records``): engine
+   chosen (from the routing ledger), forced or routed, feature tags, dtype, ratio,
+   pass/fail; an engine that raises is recorded as a failed row, then re-raised.
+
+It returns a ``Result`` whose ``passed`` and ``describe()`` the tests assert on. The
+same code runs on CUDA (``Case(device="cuda")``), for the GPU suites.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field, fields
+
+import torch
+
+import frost
+import oracle.baseline
+import oracle.reference
+import oracle.tolerance
+from frost.dispatch import Decision, ledger
+from frost.problem import FEATURES
+from reports import records
+
+BIAS_PATTERNS = ("BH", "B1", "1H", "11")  # which of (batch, heads) the bias has; 1 = broadcast
+_SHORT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One problem to check. ``layout="thd"`` takes its sequence lengths from ``lengths_q``
+    and ``lengths_k``; for ``"bshd"`` those (optional) are dense padding's valid lengths."""
+
+    dtype: torch.dtype = torch.bfloat16
+    device: str = "cpu"
+    layout: str = "bshd"
+    batch: int = 2  # bshd; thd has len(lengths_q) sequences
+    seqlen_q: int = 24  # bshd
+    seqlen_k: int = 24
+    lengths_q: tuple[int, ...] | None = None
+    lengths_k: tuple[int, ...] | None = None
+    tail_q: int = 0  # thd: rows of q past cu_seqlens_q[-1]
+    tail_k: int = 0
+    heads_q: int = 4
+    heads_kv: int = 4
+    head_dim_qk: int = 32
+    head_dim_v: int | None = None  # None: head_dim_qk
+    causal: bool = False
+    causal_align: str = "top_left"
+    window: tuple[int, int] = (-1, -1)
+    bias: str | None = None  # one of BIAS_PATTERNS
+    bias_dtype: torch.dtype = torch.float32
+    bias_holes: bool = False  # -inf bias entries, one query row entirely
+    bias_scale: float = 1.0  # standard deviation of the bias
+    sinks: bool = False
+    sink_scale: float = 2.0  # standard deviation of the sinks
+    rope: bool = False
+    scale: float | None = None
+    logit_scale: float = 1.0  # multiplies q: large values stress the softmax
+    strided: bool = False  # q, k, v as non-contiguous views (last dim stride 1)
+    deterministic: bool = False
+    seed: int = 0
+    name: str = ""  # a readable id; generated from the fields when empty
+
+    @property
+    def id(self) -> str:
+        if self.name:
+            return self.name
+        default = Case()
+        parts = [
+            f"{f.name}={_short(getattr(self, f.name))}"
+            for f in fields(self)
+            if f.name != "name" and getattr(self, f.name) != getattr(default, f.name)
+        ]
+        return ",".join(parts) or "default"
+
+    @property
+    def dim_v(self) -> int:
+        return self.head_dim_v or self.head_dim_qk
+
+
+def _short(value) -> str:
+    if isinstance(value, torch.dtype):
+        return _SHORT_DTYPES.get(value, str(value))
+    if isinstance(value, tuple):
+        return "/".join(str(x) for x in value)
+    return str(value)
+
+
+@dataclass
+class Inputs:
+    """The tensors of a case; ``keywords`` are the call's keywords for frost and the oracle alike."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    keywords: dict
+
+
+@dataclass
+class Result:
+    case: Case
+    engine: str | None = None  # the engine forced, None when routed
+    verdicts: dict = field(default_factory=dict)  # output name -> oracle.tolerance.Verdict
+    decisions: dict = field(default_factory=dict)  # direction -> frost.dispatch.Decision
+    failures: list = field(default_factory=list)  # checks other than the acceptance rule
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and all(v.passed for v in self.verdicts.values())
+
+    def describe(self) -> str:
+        lines = [f"case {self.case.id}", f"reproduce: {_reproduce(self.case, self.engine)}"]
+        for direction, decision in self.decisions.items():
+            lines.append(f"{direction}: {decision.engine} ({decision.problem.describe()})")
+        lines += [verdict.describe() for verdict in self.verdicts.values()]
+        lines += [f"FAIL {failure}" for failure in self.failures]
+        return "\n".join(lines)
+
+
+def _generator(case: Case) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(case.id.encode()) ^ case.seed)
+
+
+def _randn(gen: torch.Generator, shape, case: Case, dtype=None, scale: float = 1.0) -> torch.Tensor:
+    x = torch.randn(shape, generator=gen) * scale
+    return x.to(device=case.device, dtype=dtype or case.dtype)
+
+
+def _rope_tables(positions: int, head_dim: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim // 2, dtype=torch.float64) * 2 / head_dim))
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().float().to(device), angles.sin().float().to(device)
+
+
+def make_inputs(case: Case) -> Inputs:
+    """Fresh seeded random inputs and keywords for ``case``."""
+    gen = _generator(case)
+    hq, hkv, dqk, dv = case.heads_q, case.heads_kv, case.head_dim_qk, case.dim_v
+    keywords: dict = {"scale": case.scale, "causal": case.causal, "causal_align": case.causal_align,
+                      "window": case.window}  # fmt: skip
+    if case.layout == "thd":
+        lengths_q, lengths_k = case.lengths_q, case.lengths_k
+        batch = len(lengths_q)
+        rows_q, rows_k = sum(lengths_q) + case.tail_q, sum(lengths_k) + case.tail_k
+        lead_q, lead_k = (rows_q,), (rows_k,)
+        extent_q, extent_k = max(lengths_q), max(lengths_k)
+        for name, lengths in (("cu_seqlens_q", lengths_q), ("cu_seqlens_k", lengths_k)):
+            cu = torch.tensor([0, *lengths], dtype=torch.int64).cumsum(0)
+            keywords[name] = cu.to(device=case.device, dtype=torch.int32)
+    else:
+        batch = case.batch
+        lead_q, lead_k = (batch, case.seqlen_q), (batch, case.seqlen_k)
+        extent_q, extent_k = case.seqlen_q, case.seqlen_k
+        for name, lengths in (("seqlens_q", case.lengths_q), ("seqlens_k", case.lengths_k)):
+            if lengths is not None:
+                keywords[name] = torch.tensor(lengths, dtype=torch.int32, device=case.device)
+    q = _randn(gen, (*lead_q, hq, dqk), case, scale=case.logit_scale)
+    kv = _randn(gen, (*lead_k, hkv, dqk + dv), case)
+    k, v = kv[..., :dqk], kv[..., dqk:]
+    if case.strided:  # q a view of a wider buffer; k and v slices of one shared buffer
+        wide = torch.empty((*lead_q, hq, dqk + 8), dtype=case.dtype, device=case.device)
+        wide[..., :dqk] = q
+        q = wide[..., :dqk]
+        if case.layout == "bshd":  # and BHSD storage seen as BSHD
+            q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    else:
+        k, v = k.contiguous(), v.contiguous()
+    do = _randn(gen, (*lead_q, hq, dv), case)
+    if case.bias is not None:
+        shape = (batch if case.bias[0] == "B" else 1, hq if case.bias[1] == "H" else 1)
+        padding = 1 if case.layout == "thd" else 0  # packed bias may cover more than the longest
+        bias_shape = (*shape, extent_q + padding, extent_k + padding)
+        bias = _randn(gen, bias_shape, case, dtype=case.bias_dtype, scale=case.bias_scale)
+        if case.bias_holes:
+            holes = torch.rand(bias.shape, generator=gen).to(bias.device) < 0.2
+            bias = bias.masked_fill(holes, -math.inf)
+            bias[0, 0, min(1, extent_q - 1), :] = -math.inf
+        keywords["bias"] = bias
+    if case.sinks:
+        keywords["sinks"] = _randn(gen, (hq,), case, dtype=torch.float32, scale=case.sink_scale)
+    if case.rope:
+        keywords["rope"] = _rope_tables(max(extent_q, extent_k) + 3, dqk, case.device)
+    return Inputs(q, k, v, do, keywords)
+
+
+def _poisoned(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else torch.full_like(x, math.nan, memory_format=torch.contiguous_format)
+
+
+def _tail_writes(case: Case, inputs: Inputs, named: dict) -> list[str]:
+    """Names of outputs whose packed rows past cu_seqlens[-1] lost their poison."""
+    if case.layout != "thd":
+        return []
+    used_q = int(inputs.keywords["cu_seqlens_q"][-1])
+    used_k = int(inputs.keywords["cu_seqlens_k"][-1])
+    tails = {"o": lambda x: x[used_q:], "lse": lambda x: x[:, used_q:], "dq": lambda x: x[used_q:],
+             "dk": lambda x: x[used_k:], "dv": lambda x: x[used_k:]}  # fmt: skip
+    return [
+        f"{name}: rows past cu_seqlens[-1] were written"
+        for name, tail in tails.items()
+        if name in named and not torch.isnan(tail(named[name])).all()
+    ]
+
+
+def run_forward(inputs: Inputs, *, engine: str | None = None) -> tuple[torch.Tensor, torch.Tensor, Decision]:
+    """frost's forward into NaN-poisoned outputs: ``(o, lse, decision)``."""
+    q, v = inputs.q, inputs.v
+    o = torch.full((*q.shape[:-1], v.shape[-1]), math.nan, dtype=q.dtype, device=q.device)
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (q.shape[1], q.shape[0])
+    lse = torch.full(lse_shape, math.nan, dtype=torch.float32, device=q.device)
+    mark = ledger.mark()
+    frost.sdpa_forward(q, inputs.k, v, **inputs.keywords, engine=engine, out=(o, lse))
+    return o, lse, ledger.since(mark)[-1]
+
+
+def run_backward(
+    inputs: Inputs, o: torch.Tensor, lse: torch.Tensor, *, engine: str | None = None, deterministic: bool = False
+) -> tuple[frost.Grads, Decision]:
+    """frost's backward into NaN-poisoned gradients: ``(grads, decision)``."""
+    kw = inputs.keywords
+    grads = frost.Grads(*(_poisoned(x) for x in (inputs.q, inputs.k, inputs.v, kw.get("bias"), kw.get("sinks"))))
+    mark = ledger.mark()
+    frost.sdpa_backward(
+        inputs.do, inputs.q, inputs.k, inputs.v, o, lse, **kw, deterministic=deterministic, engine=engine, out=grads
+    )
+    return grads, ledger.since(mark)[-1]
+
+
+def _bits_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is None or torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def check(case: Case, *, engine: str | None = None, directions=("forward", "backward")) -> Result:
+    """Run ``case`` through frost and judge it against the oracle; record and return the result."""
+    inputs = make_inputs(case)
+    result = Result(case, engine)
+    kw = inputs.keywords
+    o64, lse64 = oracle.reference.forward(inputs.q, inputs.k, inputs.v, **kw)
+    direction = None
+    try:
+        if "forward" in directions:
+            direction = "forward"
+            o, lse, result.decisions[direction] = run_forward(inputs, engine=engine)
+            base = oracle.baseline.forward(inputs.q, inputs.k, inputs.v, **kw)
+            verdicts = oracle.tolerance.check_forward((o, lse), (o64, lse64), base, io_dtype=case.dtype)
+            failures = _tail_writes(case, inputs, {"o": o, "lse": lse})
+            _record(result, direction, verdicts, failures, engine)
+        if "backward" in directions:
+            direction = "backward"
+            o_ref, lse_ref = o64.to(case.dtype), lse64.float()
+            grads, result.decisions[direction] = run_backward(
+                inputs, o_ref, lse_ref, engine=engine, deterministic=case.deterministic
+            )
+            ref = oracle.reference.backward(inputs.do, inputs.q, inputs.k, inputs.v, **kw)
+            base = oracle.baseline.backward(inputs.do, inputs.q, inputs.k, inputs.v, **kw)
+            verdicts = oracle.tolerance.check_backward(grads, ref, base, io_dtype=case.dtype)
+            failures = _tail_writes(case, inputs, grads._asdict())
+            if case.deterministic:
+                again, _ = run_backward(inputs, o_ref, lse_ref, engine=engine, deterministic=True)
+                if not all(_bits_equal(a, b) for a, b in zip(grads, again)):
+                    failures.append("deterministic=True: two backward runs differ in their bits")
+            _record(result, direction, verdicts, failures, engine)
+    except Exception as error:
+        _record_error(case, direction, engine, error)
+        raise
+    return result
+
+
+def _reproduce(case: Case, engine: str | None) -> str:
+    """A call that replays the case exactly (same seed), after ``import torch, suites.harness``."""
+    return f"suites.harness.check(suites.harness.{case!r}" + ("" if engine is None else f", engine={engine!r}") + ")"
+
+
+def _row(case: Case, direction: str, engine: str | None) -> dict:
+    return {
+        "case": case.id,
+        "direction": direction,
+        "dtype": _short(case.dtype),
+        "device": case.device,
+        "mode": "routed" if engine is None else "forced",
+        "reproduce": _reproduce(case, engine),
+    }
+
+
+def _record(result: Result, direction: str, verdicts: dict, failures: list, engine: str | None) -> None:
+    """Add one direction's verdicts and failures to the result and to the report records."""
+    result.verdicts.update(verdicts)
+    result.failures += failures
+    decision = result.decisions[direction]
+    problem = decision.problem
+    for verdict in verdicts.values():
+        records.add({
+            **_row(result.case, direction, engine),
+            "engine": decision.engine,
+            "native": decision.native,
+            "device": problem.device,
+            "declined": " | ".join(f"{name}: {reason}" for name, reason in decision.declined),
+            "layout": problem.layout,
+            "features": " ".join(tag for tag in FEATURES if tag in problem.features),
+            "feature_group": problem.feature_group,
+            "problem": problem.describe(),
+            "output": verdict.name,
+            "ratio": verdict.ratio,
+            "ratio_max": verdict.ratio_max,
+            "ratio_l2": verdict.ratio_l2,
+            "err_max": verdict.err_max,
+            "allowed_max": verdict.allowed_max,
+            "nonfinite": verdict.nonfinite,
+            "passed": verdict.passed and not failures,
+            "error": "; ".join(failures),
+        })  # fmt: skip
+
+
+def _record_error(case: Case, direction: str | None, engine: str | None, error: Exception) -> None:
+    records.add({
+        **_row(case, direction or "setup", engine),
+        "engine": engine or "?",
+        "output": "*",
+        "passed": False,
+        "error": f"{type(error).__name__}: {error}",
+    })  # fmt: skip

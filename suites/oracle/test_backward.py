@@ -1,0 +1,112 @@
+"""The analytic float64 backward is the derivative of the forward, for every feature.
+
+Three independent witnesses, on every case of ``cases.FEATURES``:
+torch.autograd through the oracle's own forward (``_forward_autograd``),
+torch.autograd through the row-by-row transcription (``naive``), and
+finite differences (``torch.autograd.gradcheck`` on a Function whose backward
+is ``oracle.reference.backward``).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oracle import reference
+from suites.oracle import naive
+from suites.oracle.cases import FEATURES, FEATURES_BY_NAME, build
+
+pytestmark = pytest.mark.L0
+
+GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "sinks": "dsinks"}
+
+
+def _autograd(forward, problem):
+    """Gradients of sum(do * o) by torch.autograd, keyed like Grads' fields."""
+    leaves = {name: t.detach().clone().requires_grad_() for name, t in problem.differentiable.items()}
+    p = problem.with_inputs(**leaves)
+    o, _ = forward(p.q, p.k, p.v, **p.options)
+    valid = problem.valid_q
+    if not o.requires_grad:  # nothing visible anywhere: o is a constant
+        return {GRAD_NAMES[name]: torch.zeros_like(t) for name, t in leaves.items()}
+    grads = torch.autograd.grad(o[valid], list(leaves.values()), problem.do[valid], allow_unused=True)
+    return {GRAD_NAMES[name]: torch.zeros_like(leaves[name]) if g is None else g
+            for name, g in zip(leaves, grads)}
+
+
+def _assert_grads_match(problem, expected):
+    got = reference.backward(problem.do, problem.q, problem.k, problem.v, **problem.options).as_dict()
+    valid = {"dq": problem.valid_q, "dk": problem.valid_k, "dv": problem.valid_k}
+    for name, want in expected.items():
+        rows = valid.get(name, slice(None))
+        torch.testing.assert_close(got[name][rows], want[rows], rtol=1e-10, atol=1e-12, msg=name)
+        assert torch.isfinite(got[name][rows]).all(), name
+
+
+@pytest.mark.parametrize("case", FEATURES, ids=str)
+def test_backward_equals_autograd_of_own_forward(case):
+    problem = build(case, seed=1)
+    _assert_grads_match(problem, _autograd(reference._forward_autograd, problem))
+
+
+@pytest.mark.parametrize("case", FEATURES, ids=str)
+def test_backward_equals_autograd_of_transcription(case):
+    problem = build(case, seed=2)
+    _assert_grads_match(problem, _autograd(naive.attention, problem))
+
+
+@pytest.mark.parametrize("case", FEATURES, ids=str)
+def test_backward_nan_exactly_on_unowned_packed_rows(case):
+    problem = build(case, seed=3)
+    grads = reference.backward(problem.do, problem.q, problem.k, problem.v, **problem.options)
+    for name, rows in (("dq", problem.valid_q), ("dk", problem.valid_k), ("dv", problem.valid_k)):
+        g = getattr(grads, name)
+        assert torch.isfinite(g[rows]).all(), name
+        assert torch.isnan(g[~rows]).all(), name
+    for extra in (grads.dbias, grads.dsinks):
+        assert extra is None or torch.isfinite(extra).all()
+
+
+class _OracleAttention(torch.autograd.Function):
+    """o of the oracle's forward, differentiated by the oracle's analytic backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, sinks, options):
+        ctx.save_for_backward(q, k, v, bias, sinks)
+        ctx.options = options
+        return reference.forward(q, k, v, bias=bias, sinks=sinks, **options)[0]
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, bias, sinks = ctx.saved_tensors
+        g = reference.backward(do, q, k, v, bias=bias, sinks=sinks, **ctx.options)
+        # Rows no packed sequence owns are NaN by convention; as inputs they have no influence.
+        dq, dk, dv = (torch.nan_to_num(t, nan=0.0) if ctx.options.get("cu_seqlens_q") is not None
+                      else t for t in (g.dq, g.dk, g.dv))
+        return dq, dk, dv, g.dbias, g.dsinks, None
+
+
+def _gradcheck(case, fast_mode):
+    problem = build(case, seed=4)
+    options = {n: t for n, t in problem.options.items() if n not in ("bias", "sinks")}
+    valid = problem.valid_q
+    inputs = [t.detach().clone().requires_grad_() for t in (problem.q, problem.k, problem.v)]
+    for name in ("bias", "sinks"):
+        extra = problem.options.get(name)
+        inputs.append(None if extra is None else extra.detach().clone().requires_grad_())
+
+    def fn(q, k, v, bias, sinks):
+        return _OracleAttention.apply(q, k, v, bias, sinks, options)[valid]
+
+    return torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=fast_mode)
+
+
+@pytest.mark.parametrize("case", FEATURES, ids=str)
+def test_gradcheck(case):
+    """Fast mode: a random projection u^T J v per case, which any wrong entry of J changes."""
+    assert _gradcheck(case, fast_mode=True)
+
+
+@pytest.mark.parametrize("name", ["packed_everything", "padded_everything"])
+def test_gradcheck_full_jacobian(name):
+    """Every entry of the Jacobian, on the two cases that combine the most features."""
+    assert _gradcheck(FEATURES_BY_NAME[name], fast_mode=False)

@@ -1,0 +1,214 @@
+"""The acceptance rule (oracle.tolerance) passes honest low-precision results and fails bugs.
+
+Honest results: the stand-in flash engine (``fp32_engine``), the baseline
+itself, the oracle rounded to the io dtype. Bugs: a mask off by one, one
+element off, a 1% scale on dq (caught by rule 2 where rule 1 lets it pass),
+NaN/Inf, a finite lse where the truth is -inf (and the reverse). Also: NaN
+positions of the oracle and ``exclude`` masks are skipped, a non-finite
+baseline element does not void the bound, and ulp is the exact IEEE spacing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from oracle import baseline, reference, tolerance
+from suites.oracle import fp32_engine
+from suites.oracle.cases import Case, build
+
+pytestmark = pytest.mark.L0
+
+LOW = [torch.float16, torch.bfloat16]
+GRID = (
+    Case("causal_gqa", batch=2, sq=48, sk=48, hq=4, hkv=2, dqk=32, dv=32, causal=True, block_q=64),
+    Case("window_bias", batch=2, sq=40, sk=56, hq=4, hkv=2, dqk=32, dv=16, bias="BH", window=(5, 3),
+         block_q=64),
+    Case("bottom_right_bias_11", batch=1, sq=56, sk=40, hq=2, hkv=1, dqk=32, dv=32, bias="11",
+         causal=True, align="bottom_right", block_q=64),
+)
+
+
+def _judge(p, outputs, grads):
+    """Verdicts of an engine's forward and backward on problem p."""
+    dtype = p.q.dtype
+    ref = reference.forward(p.q, p.k, p.v, **p.options)
+    ref_g = reference.backward(p.do, p.q, p.k, p.v, **p.options)
+    base = baseline.forward(p.q, p.k, p.v, **p.options)
+    base_g = baseline.backward(p.do, p.q, p.k, p.v, **p.options)
+    verdicts = tolerance.check_forward(outputs, ref, base, io_dtype=dtype)
+    verdicts.update(tolerance.check_backward(grads, ref_g, base_g, io_dtype=dtype))
+    return verdicts
+
+
+def _engine(p, **bug):
+    return fp32_engine.run(p.q, p.k, p.v, p.do, **p.options, **bug)
+
+
+def test_ulp_is_the_ieee_spacing():
+    x = torch.tensor([1.0, 1.5, -3.0, 1024.0, 0.0, 2.0 ** -20, 0.999], dtype=torch.float64)
+    assert tolerance.ulp(x, torch.float16).tolist() == [2 ** -10, 2 ** -10, 2 ** -9, 1.0, 2 ** -24, 2 ** -24,
+                                                        2 ** -11]
+    assert tolerance.ulp(x, torch.bfloat16).tolist()[:3] == [2 ** -7, 2 ** -7, 2 ** -6]
+    assert tolerance.ulp(x, torch.bfloat16)[4] == 2.0 ** -133
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+@pytest.mark.parametrize("case", GRID, ids=str)
+def test_rule_passes_an_honest_engine(case, dtype):
+    p = build(case, seed=41, dtype=dtype)
+    verdicts = _judge(p, *_engine(p))
+    assert all(v.passed for v in verdicts.values()), tolerance.summary(verdicts)
+    assert set(verdicts) == {"o", "lse", "dq", "dk", "dv"} | ({"dbias"} if case.bias else set())
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+def test_rule_passes_the_baseline_and_the_rounded_oracle(dtype):
+    p = build(Case("packed", layout="packed", lens_q=(9, 0, 17), lens_k=(12, 5, 20), tail=3, hq=4, hkv=2,
+                   dqk=16, dv=16, causal=True, align="bottom_right", bias="BH", sinks=True, rope="angles"),
+              seed=42, dtype=dtype)
+    o64, lse64 = reference.forward(p.q, p.k, p.v, **p.options)
+    g64 = reference.backward(p.do, p.q, p.k, p.v, **p.options)
+    rounded_o = (o64.to(dtype), lse64.float())
+    rounded_g = replace(g64, dq=g64.dq.to(dtype), dk=g64.dk.to(dtype), dv=g64.dv.to(dtype),
+                        dbias=g64.dbias.float(), dsinks=g64.dsinks.float())
+    base = baseline.forward(p.q, p.k, p.v, **p.options)
+    base_g = baseline.backward(p.do, p.q, p.k, p.v, **p.options)
+    for outputs, grads in ((base, base_g), (rounded_o, rounded_g)):
+        verdicts = _judge(p, outputs, grads)
+        assert all(v.passed for v in verdicts.values()), tolerance.summary(verdicts)
+        assert verdicts["o"].compared == 26 * 4 * 16  # packed tail rows (NaN in the oracle) skipped
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+@pytest.mark.parametrize("case", GRID, ids=str)
+def test_rule_fails_a_mask_off_by_one(case, dtype):
+    p = build(case, seed=43, dtype=dtype)
+    verdicts = _judge(p, *_engine(p, right_shift=1))
+    for name in ("o", "dq", "dk", "dv"):
+        assert not verdicts[name].passed and verdicts[name].ratio_max > 1, verdicts[name].describe()
+
+
+def test_rule_one_catches_one_element_off_that_rule_two_misses():
+    p = build(GRID[0], seed=44, dtype=torch.float16)
+    (o, lse), grads = _engine(p)
+    o = o.clone()
+    o[1, 7, 2, 5] += 0.01 * float(o.abs().max())
+    v = _judge(p, (o, lse), grads)["o"]
+    assert not v.passed and v.ratio_max > 1 and v.ratio_l2 <= 1, v.describe()
+    assert v.worst_index == (1, 7, 2, 5)
+
+
+def test_rule_two_catches_a_one_percent_scale_on_dq_that_rule_one_misses():
+    # bf16's coarse rounding gives the baseline a worst element ~1% off: rule 1
+    # allows 3x that, so a uniform 1% scale hides under it; rule 2 compares whole
+    # tensors, where the baseline's error averages out and the scale does not.
+    for seed in range(3):
+        p = build(GRID[1], seed=45 + seed, dtype=torch.bfloat16)
+        outputs, grads = _engine(p)
+        scaled = replace(grads, dq=(grads.dq.float() * 1.01).to(torch.bfloat16))
+        verdicts = _judge(p, outputs, scaled)
+        v = verdicts["dq"]
+        assert v.ratio_max <= 1 < v.ratio_l2 and not v.passed, v.describe()
+        assert all(verdicts[n].passed for n in ("o", "lse", "dk", "dv", "dbias"))
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_rule_fails_non_finite_values(value):
+    p = build(GRID[0], seed=46, dtype=torch.float16)
+    outputs, grads = _engine(p)
+    dk = grads.dk.clone()
+    dk[0, 3, 1, 2] = value
+    v = _judge(p, outputs, replace(grads, dk=dk))["dk"]
+    assert not v.passed and v.nonfinite == 1 and v.ratio_max == math.inf, v.describe()
+
+
+def test_rule_fails_a_wrong_minus_inf_lse():
+    # Bottom-right causal with Sq > Sk: the first Sq - Sk rows see no key, lse = -inf.
+    case = Case("masked_rows", batch=1, sq=12, sk=8, hq=2, hkv=2, dqk=16, dv=16, causal=True,
+                align="bottom_right")
+    p = build(case, seed=47, dtype=torch.float16)
+    (o, lse), grads = _engine(p)
+    assert torch.isinf(lse[0, 0, :4]).all()
+    assert _judge(p, (o, lse), grads)["lse"].passed
+    finite_instead = lse.clone()
+    finite_instead[0, 1, 2] = -1e30  # "very negative" is not -inf
+    v = _judge(p, (o, finite_instead), grads)["lse"]
+    assert not v.passed and v.inf_mismatch == 1, v.describe()
+    inf_instead = lse.clone()
+    inf_instead[0, 1, 6] = -math.inf  # a row that sees keys
+    v = _judge(p, (o, inf_instead), grads)["lse"]
+    assert not v.passed and v.nonfinite == 1, v.describe()
+
+
+def test_exclude_skips_positions_and_nan_oracle_positions_are_skipped():
+    x64 = torch.tensor([1.0, 2.0, math.nan, 4.0], dtype=torch.float64)
+    x_lp = torch.tensor([1.0, 2.0, 0.0, 4.0]).half()
+    engine = torch.tensor([1.0, 2.5, 123.0, 4.0]).half()
+    ref, base = {"o": x64}, {"o": x_lp}
+    assert not tolerance.check({"o": engine}, ref, base, io_dtype=torch.float16)["o"].passed
+    skip = {"o": torch.tensor([False, True, False, False])}
+    v = tolerance.check({"o": engine}, ref, base, io_dtype=torch.float16, exclude=skip)["o"]
+    assert v.passed and v.compared == 2
+
+
+def test_factors_are_those_of_the_text():
+    """An engine 2.5x as far off as the baseline: within k=3 for gradients, beyond k=2 for o and lse,
+    and beyond the factor 2 of rule 2 for all."""
+    gen = torch.Generator().manual_seed(48)
+    x64 = torch.randn(1000, generator=gen, dtype=torch.float64)
+    x_lp = x64 + 0.1 * torch.randn(1000, generator=gen, dtype=torch.float64)
+    engine = x64 + 2.5 * (x_lp - x64)
+    names = ("o", "lse", "dq", "dk", "dv", "dbias", "dsinks")
+    verdicts = tolerance.check({n: engine for n in names}, {n: x64 for n in names},
+                               {n: x_lp for n in names}, io_dtype=torch.float16)
+    for name, v in verdicts.items():
+        expected_max = 2.5 / (2 if name in ("o", "lse") else 3)
+        assert v.ratio_max == pytest.approx(expected_max, rel=0.01), v.describe()
+        assert v.ratio_l2 == pytest.approx(2.5 / 2, rel=0.01) and not v.passed, v.describe()
+
+
+def test_floors_where_the_baseline_is_exact():
+    """Rule 1 then allows 2 ulp at each element's own magnitude; rule 2 only 1e-3 of that in norm."""
+    x64 = torch.tensor([1.0, 0.25, 0.0], dtype=torch.float64)
+    base = {"o": x64.half()}
+    assert tolerance.check({"o": x64.half()}, {"o": x64}, base, io_dtype=torch.float16)["o"].passed
+    two_ulp = torch.tensor([1.0 + 2 ** -9, 0.25 - 2 ** -12, 0.0], dtype=torch.float64)
+    v = tolerance.check({"o": two_ulp}, {"o": x64}, base, io_dtype=torch.float16)["o"]
+    assert v.ratio_max == 1.0 and v.ratio_l2 > 1 and not v.passed
+    three_ulp_small = torch.tensor([1.0, 0.25 + 3 * 2 ** -12, 0.0], dtype=torch.float64)
+    v = tolerance.check({"o": three_ulp_small}, {"o": x64}, base, io_dtype=torch.float16)["o"]
+    assert v.ratio_max == 1.5 and v.worst_index == (1,)
+
+
+def test_non_finite_baseline_elements_do_not_void_the_bound():
+    x64 = torch.linspace(1, 2, 64, dtype=torch.float64)
+    x_lp = x64.half().clone()
+    x_lp[3] = math.inf  # e.g. fp16 overflow in the baseline
+    engine = x64 * 1.05
+    v = tolerance.check({"o": engine}, {"o": x64}, {"o": x_lp}, io_dtype=torch.float16)["o"]
+    assert not v.passed and math.isfinite(v.allowed_max)
+
+
+def test_missing_or_misshapen_outputs_fail_and_bad_calls_raise():
+    x64 = torch.ones(3, dtype=torch.float64)
+    ref, base = {"dq": x64, "dbias": None}, {"dq": x64.half()}
+    v = tolerance.check({}, ref, base, io_dtype=torch.float16)
+    assert set(v) == {"dq"} and not v["dq"].passed and "missing" in v["dq"].note
+    v = tolerance.check({"dq": torch.ones(4)}, ref, base, io_dtype=torch.float16)["dq"]
+    assert not v.passed and "shape" in v.describe()
+    with pytest.raises(ValueError, match="baseline"):
+        tolerance.check({"dq": x64}, ref, {}, io_dtype=torch.float16)
+    with pytest.raises(ValueError, match="unknown output name"):
+        tolerance.check({"out": x64}, {"out": x64}, {"out": x64}, io_dtype=torch.float16)
+
+
+def test_verdict_reporting():
+    x64 = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    v = tolerance.check({"o": x64 * 1.1}, {"o": x64}, {"o": x64.half()}, io_dtype=torch.float16)["o"]
+    assert v.ratio == max(v.ratio_max, v.ratio_l2) > 1
+    assert math.isclose(v.ratio_max, v.err_max / v.allowed_max)
+    assert v.describe().startswith("o: FAIL")
+    assert "o: FAIL" in tolerance.summary({"o": v})

@@ -1,0 +1,79 @@
+"""The params the SM80 engines can produce: every combination their Capabilities rows admit.
+
+Enumerated through the engines' own lowering (``fwd_params_for``,
+``bwd_params_for`` and the backward plan's derived records) over every fact
+that changes code: dtype, whether each head dim fills its flavor, layout and
+padding, which window sides are bounded, alignment, sinks, deterministic mode.
+Sizes, head counts, token totals and window values are runtime and do not
+multiply it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from frost.kernels.sm80.config import BwdDqParams, BwdPreParams, FwdParams, bwd_params_for, fwd_params_for
+
+HEAD_DIMS = {  # (head_dim_qk, head_dim_v) -> which flavor / partial flags they select
+    "d64": (64, 64), "d64 partial qk": (48, 64), "d64 partial v": (64, 40), "d64 partial both": (56, 24),
+    "d128": (128, 128), "d128 partial qk": (96, 128), "d128 partial v": (128, 72), "d128 partial both": (80, 88),
+}
+LAYOUTS = {"bshd": ("bshd", False), "padded": ("bshd", True), "thd": ("thd", False)}
+WINDOWS = {"none": (-1, -1), "causal": (-1, 0), "left": (16, -1), "right": (-1, 16), "both": (16, 4)}
+
+
+def admitted_fwd_params() -> list[FwdParams]:
+    seen: dict[FwdParams, None] = {}
+    for dtype, dims, layout, window, bottom_right, sinks in itertools.product(
+        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True), (False, True)
+    ):
+        params = fwd_params_for(
+            dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
+            window_left=window[0], window_right=window[1], bottom_right=bottom_right, has_sinks=sinks,
+        )
+        seen[params] = None
+    return list(seen)
+
+
+def admitted_bwd_params() -> list:
+    """Every params record of every kernel of the backward chain (bwd_pre, bwd, bwd_dq)."""
+    seen: dict = {}
+    for dtype, dims, layout, window, bottom_right, sinks, deterministic in itertools.product(
+        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True),
+        (False, True), (False, True),
+    ):
+        main = bwd_params_for(
+            dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
+            window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
+        )
+        seen[main] = None
+        seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
+                          has_seqlens=layout[1], has_sinks=sinks)] = None
+        if deterministic:
+            seen[BwdDqParams.of(main)] = None
+    return list(seen)
+
+
+def _pairs(p, names: list[str]) -> set:
+    values = [(n, getattr(p, n)) for n in names]
+    return {(a, b) for i, a in enumerate(values) for b in values[i + 1:]}
+
+
+def covering_subset(params: list) -> list:
+    """Params that together take every pair of values of any two fields (greedy pairwise cover,
+    per params type), so each feature is compiled beside each other feature at least once."""
+    kinds: dict[type, list] = {}
+    for p in params:
+        kinds.setdefault(type(p), []).append(p)
+    return [c for group in kinds.values() for c in _pairwise_cover(group)]
+
+
+def _pairwise_cover(params: list) -> list:
+    names = [f.name for f in dataclasses.fields(params[0])]
+    wanted = set().union(*(_pairs(p, names) for p in params))
+    chosen: list[FwdParams] = []
+    while wanted:
+        best = max(params, key=lambda p: len(_pairs(p, names) & wanted))
+        chosen.append(best)
+        wanted -= _pairs(best, names)
+    return chosen

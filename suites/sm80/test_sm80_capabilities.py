@@ -1,0 +1,88 @@
+"""The SM80 engines' Capabilities rows, tested on both sides of every boundary (CPU).
+
+Problems are built from CPU tensors and then placed on a CUDA device by
+``dataclasses.replace``; the compute capability is patched, so every rule of
+the row and of ``sm80_decline`` is exercised without a GPU. The GPU suites
+check that the accepted side really runs and matches the oracle.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from frost.engines import sm80
+from frost.engines.sm80 import Sm80Backward, Sm80Forward
+from frost.problem import Problem
+
+pytestmark = pytest.mark.L0
+ENGINES = [Sm80Forward(), Sm80Backward()]
+
+
+@pytest.fixture(autouse=True)
+def _hopper(monkeypatch):
+    monkeypatch.setattr(sm80, "_compute_capability", lambda device: (9, 0))
+
+
+def _problem(engine, *, hq=4, hkv=4, dqk=64, dv=None, dtype=torch.bfloat16, device="cuda:0", q=None, **kw):
+    q = torch.randn(2, 16, hq, dqk, dtype=dtype) if q is None else q
+    k = torch.randn(2, 16, hkv, dqk, dtype=dtype)
+    v = torch.randn(2, 16, hkv, dv or dqk, dtype=dtype)
+    extra = {}
+    if engine.direction == "backward":
+        o = torch.randn(*q.shape[:-1], v.shape[-1], dtype=dtype)
+        extra = dict(o=o, do=o, lse=torch.randn(2, hq, 16))
+    problem = Problem.from_call(engine.direction, q, k, v, **extra, **kw)
+    return dataclasses.replace(problem, device=device)
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+@pytest.mark.parametrize(
+    "accepted, rejected, reason",
+    [
+        (dict(), dict(device="cpu"), "needs a cuda device"),
+        (dict(dqk=128), dict(dqk=136), "exceeds 128"),
+        (dict(dqk=72), dict(dqk=68), "not a multiple of 8"),
+        (dict(dqk=64, dv=40), dict(dqk=64, dv=36), "not a multiple of 8"),
+        (dict(causal=True), dict(bias=torch.zeros(1, 4, 16, 16)), "additive bias"),
+        (dict(window=(3, 2)), dict(rope=(torch.ones(16, 32), torch.zeros(16, 32))), "fused RoPE"),
+        (dict(scale=0.1), dict(scale=-0.1), "positive scale"),
+        (dict(hq=8, hkv=2), dict(q=torch.randn(2, 16, 4, 68, dtype=torch.bfloat16)[..., :64]), "16-byte aligned"),
+    ],
+)
+def test_each_boundary_accepts_one_side_and_declines_the_other(engine, accepted, rejected, reason):
+    # (fp16 and bf16 are the only dtypes frost's validation lets through, so dtype has no row here)
+    assert engine.check_support(_problem(engine, **accepted)) is None
+    declined = engine.check_support(_problem(engine, **rejected))
+    assert declined is not None and reason in declined, declined
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+@pytest.mark.parametrize("capability, accepted", [((8, 0), True), ((9, 0), True), ((7, 5), False), ((10, 0), False)])
+def test_compute_capability_boundary(engine, monkeypatch, capability, accepted):
+    monkeypatch.setattr(sm80, "_compute_capability", lambda device: capability)
+    declined = engine.check_support(_problem(engine))
+    assert (declined is None) == accepted, declined
+    if not accepted:
+        assert "compute capability 8.x or 9.x" in declined
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+def test_missing_dsl_declines(engine, monkeypatch):
+    monkeypatch.setattr(sm80, "_dsl_installed", lambda: False)
+    assert "nvidia-cutlass-dsl is not installed" in engine.check_support(_problem(engine))
+
+
+def test_backward_accepts_deterministic_mode():
+    engine = Sm80Backward()
+    assert engine.check_support(_problem(engine, deterministic=True)) is None
+
+
+@pytest.mark.parametrize(
+    "keywords", [dict(), dict(causal=True, causal_align="bottom_right"), dict(window=(5, -1)),
+                 dict(sinks=torch.zeros(4)), dict(seqlens_q=torch.tensor([3, 16], dtype=torch.int32))],
+)
+def test_every_listed_feature_is_accepted(keywords):
+    for engine in ENGINES:
+        assert engine.check_support(_problem(engine, **keywords)) is None
