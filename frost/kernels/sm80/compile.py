@@ -69,9 +69,8 @@ def _build_fwd(params: FwdParams):
     module = load_template(FWD_TEMPLATE, params)
     dtype = _DTYPES[params.dtype]
     packed = params.layout == "thd"
-    # a full head dim is static (no predicates); a partial one is a runtime multiple of 8
-    dim_qk = cute.sym_int(divisibility=_VECTOR) if params.partial_hdim_qk else params.tile_hdim
-    dim_v = cute.sym_int(divisibility=_VECTOR) if params.partial_hdim_v else params.tile_hdim
+    dim_qk = _head_dim(params.partial_hdim_qk, params.tile_hdim)
+    dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim)
     q = fake_rows_tensor(dtype, packed, dim_qk)
     k = fake_rows_tensor(dtype, packed, dim_qk)
     v = fake_rows_tensor(dtype, packed, dim_v)

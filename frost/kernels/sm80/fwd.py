@@ -44,7 +44,7 @@ and halves occupancy at d128 for no gain on mma.sync); Q held in registers
 """
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -195,26 +195,30 @@ def fwd_kernel(
 
     # ---- MMA partitions and shared -> register copies ----------------------
     thr_mma = tiled_mma.get_slice(tidx)
-    tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-    tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-    tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
     acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM)), Float32)
     acc_O.fill(0.0)
-
-    smem_thr_copy_Q = cute.make_tiled_copy_A(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
-    smem_thr_copy_K = cute.make_tiled_copy_B(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
-    smem_thr_copy_V = cute.make_tiled_copy_B(tiles.ldmatrix_atom(DTYPE, transpose=True), tiled_mma).get_slice(tidx)
-    tSsQ = smem_thr_copy_Q.partition_S(sQ)
-    tSsK = smem_thr_copy_K.partition_S(sK)
-    tOsVt = smem_thr_copy_V.partition_S(sVt)
-    tSrQ_view = smem_thr_copy_Q.retile(tSrQ)
-    tSrK_view = smem_thr_copy_K.retile(tSrK)
-    tOrVt_view = smem_thr_copy_V.retile(tOrVt)
-
+    copy_Q = cute.make_tiled_copy_A(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
+    copy_K = cute.make_tiled_copy_B(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
+    copy_Vt = cute.make_tiled_copy_B(tiles.ldmatrix_atom(DTYPE, transpose=True), tiled_mma).get_slice(tidx)
     # score-tile coordinates for masking: this thread's and thread 0's (compile-time)
     cS = cute.make_identity_tensor((TILE_M, TILE_N))
-    tScS = thr_mma.partition_C(cS)
-    t0ScS = tiled_mma.get_slice(0).partition_C(cS)
+    step = KeyBlockStep(
+        tiled_mma=tiled_mma,
+        acc_shape_S=thr_mma.partition_shape_C((TILE_M, TILE_N)),
+        tScS=thr_mma.partition_C(cS),
+        t0ScS=tiled_mma.get_slice(0).partition_C(cS),
+        tSrQ=thr_mma.make_fragment_A(thr_mma.partition_A(sQ)),
+        tSrK=thr_mma.make_fragment_B(thr_mma.partition_B(sK)),
+        tOrVt=thr_mma.make_fragment_B(thr_mma.partition_B(sVt)),
+        tSsQ=copy_Q.partition_S(sQ),
+        tSsK=copy_K.partition_S(sK),
+        tOsVt=copy_Vt.partition_S(sVt),
+        copy_Q=copy_Q,
+        copy_K=copy_K,
+        copy_Vt=copy_Vt,
+        gmem_tiled_copy=gmem_tiled_copy_load,
+        tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, tKVcKV=tKVcKV, tKpK=tKpK, tVpV=tVpV,
+    )
 
     # ---- prologue -----------------------------------------------------------
     # Columns past the head dim are never written by a copy: zero them once so
@@ -229,25 +233,20 @@ def fwd_kernel(
     if n_block_max > n_block_min:
         n_top = n_block_max - 1
         tiles.load_rows(gmem_tiled_copy_load, tKgK[None, None, None, n_top], tKsK, tKVcKV, tKpK,
-                  seqlen.seqlen_k - n_top * TILE_N)
+                        seqlen.seqlen_k - n_top * TILE_N)
     cute.arch.cp_async_commit_group()
 
     softmax = OnlineSoftmax.create(scale_log2, cute.size(acc_O, mode=[0, 0]) * cute.size(acc_O, mode=[1]))
 
     # ---- main loop over key blocks, highest first ---------------------------
+    # Two instantiations of one step: the masked one (band edges, the sequence
+    # tail) and the unmasked bulk, chosen per block at run time.
     for i in cutlass.range(n_block_max - n_block_min, unroll=1):
         n_block = n_block_max - 1 - i
-        args = (
-            n_block, n_block_min, m_block, seqlen.seqlen_k, mask, softmax, acc_O,
-            tiled_mma, thr_mma, tScS, t0ScS,
-            gmem_tiled_copy_load, tKgK, tKsK, tVgV, tVsV, tKVcKV, tKpK, tVpV,
-            smem_thr_copy_Q, smem_thr_copy_K, smem_thr_copy_V,
-            tSsQ, tSsK, tOsVt, tSrQ, tSrK, tOrVt, tSrQ_view, tSrK_view, tOrVt_view,
-        )
         if mask.needs_mask(m_block, n_block):
-            key_block_step(*args, masked=True)
+            step.run(n_block, n_block_min, m_block, seqlen.seqlen_k, mask, softmax, acc_O, masked=True)
         else:
-            key_block_step(*args, masked=False)
+            step.run(n_block, n_block_min, m_block, seqlen.seqlen_k, mask, softmax, acc_O, masked=False)
 
     # ---- epilogue ------------------------------------------------------------
     o_scale = cute.make_fragment_like(softmax.row_max, Float32)
@@ -304,60 +303,65 @@ def fwd_kernel(
                 cute.copy(gmem_tiled_copy_store, tOrO[None, m, None], tOgO[None, m, None])
 
 
-@cute.jit
-def key_block_step(
-    n_block: Int32, n_block_min: Int32, m_block: Int32, seqlen_k: Int32,
-    mask: AttentionMask, softmax: OnlineSoftmax, acc_O: cute.Tensor,
-    tiled_mma: cute.TiledMma, thr_mma, tScS: cute.Tensor, t0ScS: cute.Tensor,
-    gmem_tiled_copy: cute.TiledCopy, tKgK, tKsK, tVgV, tVsV, tKVcKV, tKpK, tVpV,
-    smem_thr_copy_Q, smem_thr_copy_K, smem_thr_copy_V,
-    tSsQ, tSsK, tOsVt, tSrQ, tSrK, tOrVt, tSrQ_view, tSrK_view, tOrVt_view,
-    masked: cutlass.Constexpr[bool],
-):
-    """One key block: S = Q.K^T, mask (if ``masked``), online softmax, O += P.V.
+@dataclass(frozen=True)
+class KeyBlockStep:
+    """The partitions, fragments and copies of the main loop, built once per CTA.
 
+    ``run`` does one key block: S = Q.K^T, mask (when ``masked``), online
+    softmax, O += P.V, with the cp.async pipeline of the module docstring.
     ``masked`` blocks may also be the block that runs past Sk_b, so their V
     load checks rows and zero-fills (P = 0 times an unwritten NaN would be NaN).
     """
-    acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_N)), Float32)
-    acc_S.fill(0.0)
-    cute.arch.cp_async_wait_group(0)
-    cute.arch.barrier()
-    if const_expr(masked):
-        tiles.load_rows(gmem_tiled_copy, tVgV[None, None, None, n_block], tVsV, tKVcKV, tVpV,
-                  seqlen_k - n_block * TILE_N)
-    else:
-        tiles.copy_block(gmem_tiled_copy, tVgV[None, None, None, n_block], tVsV, tVpV, CHECK_HDIM_V)
-    cute.arch.cp_async_commit_group()
 
-    # S = Q.K^T, shared->register loads one k-slice ahead of the MMAs
-    cute.copy(smem_thr_copy_Q, tSsQ[None, None, 0], tSrQ_view[None, None, 0])
-    cute.copy(smem_thr_copy_K, tSsK[None, None, 0], tSrK_view[None, None, 0])
-    num_k = cute.size(tSsQ.shape[2])
-    for k in cutlass.range_constexpr(num_k):
-        if const_expr(k + 1 < num_k):
-            cute.copy(smem_thr_copy_Q, tSsQ[None, None, k + 1], tSrQ_view[None, None, k + 1])
-            cute.copy(smem_thr_copy_K, tSsK[None, None, k + 1], tSrK_view[None, None, k + 1])
-        cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+    tiled_mma: cute.TiledMma
+    acc_shape_S: object
+    tScS: cute.Tensor       # this thread's coordinates in the (TILE_M, TILE_N) score tile
+    t0ScS: cute.Tensor      # thread 0's (compile-time) coordinates
+    tSrQ: cute.Tensor       # register fragments of the MMA operands
+    tSrK: cute.Tensor
+    tOrVt: cute.Tensor
+    tSsQ: cute.Tensor       # their shared-memory sources, partitioned for ldmatrix
+    tSsK: cute.Tensor
+    tOsVt: cute.Tensor
+    copy_Q: object          # ldmatrix thread copies
+    copy_K: object
+    copy_Vt: object
+    gmem_tiled_copy: cute.TiledCopy
+    tKgK: cute.Tensor       # (CPY, CPY_N, CPY_K, n_blocks) global K / V, and their shared tiles
+    tKsK: cute.Tensor
+    tVgV: cute.Tensor
+    tVsV: cute.Tensor
+    tKVcKV: cute.Tensor     # copy coordinates and head-dim predicates
+    tKpK: cute.Tensor
+    tVpV: cute.Tensor
 
-    if const_expr(masked):
-        mask.apply(acc_S, tScS, t0ScS, m_block, n_block)
+    @cute.jit
+    def run(self, n_block: Int32, n_block_min: Int32, m_block: Int32, seqlen_k: Int32, mask: AttentionMask,
+            softmax: OnlineSoftmax, acc_O: cute.Tensor, masked: cutlass.Constexpr[bool]):
+        acc_S = cute.make_rmem_tensor(self.acc_shape_S, Float32)
+        acc_S.fill(0.0)
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()  # K[n] landed; every warp is done with sV
+        if const_expr(masked):
+            tiles.load_rows(self.gmem_tiled_copy, self.tVgV[None, None, None, n_block], self.tVsV, self.tKVcKV,
+                            self.tVpV, seqlen_k - n_block * TILE_N)
+        else:
+            tiles.copy_block(self.gmem_tiled_copy, self.tVgV[None, None, None, n_block], self.tVsV, self.tVpV,
+                             CHECK_HDIM_V)
+        cute.arch.cp_async_commit_group()
 
-    cute.arch.cp_async_wait_group(0)
-    cute.arch.barrier()
-    if n_block - 1 >= n_block_min:
-        tiles.copy_block(gmem_tiled_copy, tKgK[None, None, None, n_block - 1], tKsK, tKpK, CHECK_HDIM_QK)
-    cute.arch.cp_async_commit_group()
+        tiles.gemm_ss(self.tiled_mma, acc_S, self.tSrQ, self.tSrK, self.tSsQ, self.tSsK, self.copy_Q, self.copy_K)
+        if const_expr(masked):
+            mask.apply(acc_S, self.tScS, self.t0ScS, m_block, n_block)
 
-    softmax.step(acc_S, acc_O)
-    rP = cute.make_fragment_like(acc_S, DTYPE)
-    rP.store(acc_S.load().to(DTYPE))
-    tOrP = tiles.acc_as_operand_a(rP)
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()  # V[n] landed; every warp is done with sK
+        if n_block - 1 >= n_block_min:
+            tiles.copy_block(self.gmem_tiled_copy, self.tKgK[None, None, None, n_block - 1], self.tKsK, self.tKpK,
+                             CHECK_HDIM_QK)
+        cute.arch.cp_async_commit_group()
 
-    # O += P.V
-    cute.copy(smem_thr_copy_V, tOsVt[None, None, 0], tOrVt_view[None, None, 0])
-    num_k_pv = cute.size(tOrP.shape[2])
-    for k in cutlass.range_constexpr(num_k_pv):
-        if const_expr(k + 1 < num_k_pv):
-            cute.copy(smem_thr_copy_V, tOsVt[None, None, k + 1], tOrVt_view[None, None, k + 1])
-        cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+        softmax.step(acc_S, acc_O)
+        rP = cute.make_fragment_like(acc_S, DTYPE)
+        rP.store(acc_S.load().to(DTYPE))
+        tiles.gemm_rs(self.tiled_mma, acc_O, tiles.acc_as_operand_a(rP), self.tOrVt, self.tOsVt, self.copy_Vt)
