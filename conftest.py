@@ -5,12 +5,14 @@ test is a collection error, so nothing silently drops out of every level.
 Tests marked ``gpu`` are skipped with a reason when CUDA is unavailable.
 ``reports.plugin`` collects the accuracy harness's per-case records and prints
 the routing summary at the end of the run (also under pytest-xdist).
+``fuzz.plugin`` selects the Hypothesis profile of the fuzz suites (``ci`` unless
+told otherwise), gives each xdist worker its GPU and runs the ``frost-fuzz`` budget.
 """
 from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ("reports.plugin",)
+pytest_plugins = ("reports.plugin", "fuzz.plugin")
 
 LEVELS = ("L0", "L1", "L2")
 

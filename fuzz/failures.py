@@ -15,9 +15,16 @@ from suites.harness import Case
 
 
 def reproduce_command(prop: str, case: Case, engine: str | None = None) -> str:
-    """``python -m fuzz.replay PROPERTY 'Case(...)' [--engine NAME]``, shell-quoted."""
+    """``python -m fuzz.replay PROPERTY "Case(...)" [--engine NAME]``, quoted for a POSIX shell."""
     words = ["python", "-m", "fuzz.replay", prop, repr(case)] + (["--engine", engine] if engine else [])
-    return " ".join(shlex.quote(word) for word in words)
+    return " ".join(_quote(word) for word in words)
+
+
+def _quote(word: str) -> str:
+    """Double quotes where they suffice (a Case repr reads better without shlex's ``'"'"'``)."""
+    if word and not any(c in word for c in '"$`\\!'):
+        return f'"{word}"' if any(c in word for c in " '()*?[]<>|&;~#") else word
+    return shlex.quote(word)
 
 
 class PropertyFailure(AssertionError):

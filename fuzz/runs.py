@@ -16,6 +16,7 @@ import frost
 import oracle.baseline
 import oracle.reference
 from frost import dispatch
+from frost.dispatch import Decision
 from frost.problem import Problem
 from suites.harness import Inputs, run_backward, run_forward
 
@@ -63,14 +64,14 @@ def rounded(forward: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[torch
 
 
 def run(inputs: Inputs, direction: str, engine: str | None, *, deterministic: bool = False,
-        forward: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor | None], str]:
-    """One engine's outputs for the problem (``engine=None``: routed) and the engine that served it.
+        forward: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor | None], Decision]:
+    """One engine's outputs for the problem (``engine=None``: routed) and the decision that served it.
 
     The backward needs ``forward``, the oracle's forward of these inputs.
     """
     if direction == "forward":
         o, lse, decision = run_forward(inputs, engine=engine)
-        return {"o": o, "lse": lse}, decision.engine
+        return {"o": o, "lse": lse}, decision
     o, lse = rounded(forward, inputs.q.dtype)
     grads, decision = run_backward(inputs, o, lse, engine=engine, deterministic=deterministic)
-    return dict(grads._asdict()), decision.engine
+    return dict(grads._asdict()), decision

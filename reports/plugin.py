@@ -2,8 +2,11 @@
 
 Loaded by the repository's conftest.py. Each test process (the only one, "main", or
 each pytest-xdist worker, "gw0", ...) appends the rows its tests recorded, stamped with
-the test id, outcome and worker, to ``records-<worker>.jsonl`` in the run folder; the controller merges
-the files at the end and prints the routing summary (``reports.tables``).
+the test id, outcome, worker and the worker's ``CUDA_VISIBLE_DEVICES`` (column ``gpu``:
+the physical GPU a fuzz runner gave it), to ``records-<worker>.jsonl`` in the run
+folder; the controller merges the files at the end and prints the routing summary
+(``reports.tables``). ``run_folder(config)`` tells other plugins where the run folder
+is, for logs of their own.
 
 The run folder is ``--frost-records DIR`` (``frost-report`` passes one and keeps it),
 otherwise a temporary folder that is removed when the run ends. The controller hands
@@ -11,6 +14,7 @@ it to xdist workers through ``workerinput``.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -71,10 +75,21 @@ def pytest_runtest_makereport(item, call):
     if call.when == "call":
         rows = records.drain()
         for row in rows:
-            row.update(test_id=item.nodeid, outcome=report.outcome, worker=item.config.stash[_WORKER])
+            row.update(test_id=item.nodeid, outcome=report.outcome, worker=item.config.stash[_WORKER],
+                       gpu=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
         if rows:
             records.append_jsonl(item.config.stash[_FILE], rows)
     return report
+
+
+def run_folder(config) -> Path:
+    """This process's run folder (the controller's, handed to every xdist worker)."""
+    return config.stash[_FOLDER]
+
+
+def worker_name(config) -> str:
+    """"main", or this xdist worker's id ("gw0", ...)."""
+    return config.stash[_WORKER]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -3,22 +3,35 @@
 A row is a flat dict, one per (test case, direction, output); ``COLUMNS`` lists its
 keys in report order. The harness calls ``add`` while a test runs; the pytest plugin
 (``reports.plugin``) has called ``start`` and, after each test, ``drain``s the rows,
-stamps them with the test id, outcome and worker and appends them as JSON lines to its
-worker's file of the run folder. Outside a pytest run with the plugin nothing
-collects and ``add`` drops the row.
+stamps them with the test id, outcome, worker and the worker's GPU (its
+``CUDA_VISIBLE_DEVICES``) and appends them as JSON lines to its worker's file of the
+run folder (``records-<worker>.jsonl``). Outside a pytest run with the plugin nothing
+collects and ``add`` drops the row. ``stamped(property=...)`` adds fields to every row
+added inside it (the fuzz properties name themselves this way; rows of the fixed
+suites have no property).
+
+A run folder may hold other JSON-lines logs beside the records, read with
+``read_folder(folder, prefix)``: the fuzz runner writes one row per Hypothesis chunk
+to ``fuzz-<worker>.jsonl`` (``FUZZ_COLUMNS``).
 """
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 COLUMNS = (
-    "test_id", "outcome", "worker", "case", "direction", "mode", "engine", "native", "dtype", "device",
+    "test_id", "outcome", "worker", "gpu", "property", "case", "direction", "mode", "engine", "native", "dtype", "device",
     "layout", "feature_group", "features", "output", "passed", "ratio", "ratio_max",
     "ratio_l2", "err_max", "allowed_max", "nonfinite", "declined", "problem", "error", "reproduce",
 )  # fmt: skip
 
+FUZZ_COLUMNS = (
+    "test_id", "worker", "gpu", "chunk", "seed", "examples", "seconds", "outcome", "failure",
+)  # fmt: skip
+
 _pending: list[dict] | None = None
+_stamp: dict = {}
 
 
 def start() -> None:
@@ -29,7 +42,19 @@ def start() -> None:
 
 def add(row: dict) -> None:
     if _pending is not None:
-        _pending.append(row)
+        _pending.append({**_stamp, **row})
+
+
+@contextmanager
+def stamped(**fields):
+    """Rows added inside the block carry ``fields`` (a row's own values win)."""
+    global _stamp
+    before = _stamp
+    _stamp = {**before, **fields}
+    try:
+        yield
+    finally:
+        _stamp = before
 
 
 def drain() -> list[dict]:
@@ -47,10 +72,10 @@ def append_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(row, default=str) + "\n")
 
 
-def read_folder(folder: Path) -> list[dict]:
-    """Every row of every worker file (``records-*.jsonl``) in a run folder."""
+def read_folder(folder: Path, prefix: str = "records") -> list[dict]:
+    """Every row of every worker file (``<prefix>-*.jsonl``) in a run folder."""
     rows = []
-    for path in sorted(Path(folder).glob("records-*.jsonl")):
+    for path in sorted(Path(folder).glob(f"{prefix}-*.jsonl")):
         with open(path, encoding="utf-8") as f:
             rows += [json.loads(line) for line in f if line.strip()]
     return rows

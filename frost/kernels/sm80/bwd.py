@@ -11,6 +11,7 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
 ``sm80/bwd_pre``:
 
     wait Q[h,m], dO[h,m]; barrier
+    issue Q, dO of the next step    into the other stage buffer (stages_q = 2)
     S  = Q.K^T                      mma (sdp layout)
     mask S                          only tiles that need it (mask.py)
     P  = exp2(S*scale_log2 - lse2)  rows of padded / empty queries give 0
@@ -18,8 +19,8 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
     dS = P * (dP - D)
     P, dS -> shared (io dtype); barrier
     dV += P^T.dO ;  dK += dS^T.Q    mma (dkv layout, operands via ldmatrix.trans)
-    barrier; issue Q, dO of the next step (overlaps the dQ product)
-    dQ = dS.K -> fp32 atomics into the dQ accumulator   (not in deterministic mode)
+    (stages_q = 1: barrier; issue Q, dO of the next step, overlapping only dS.K)
+    dQ = scale * dS.K -> fp32 atomics into the dQ accumulator   (not in deterministic mode)
 
 Epilogue: dK *= scale; dK and dV go through shared memory to 128-bit stores.
 Key rows past Sk_b inside the padded extent are written as zeros.
@@ -45,6 +46,7 @@ TILE_M, TILE_N, TILE_HDIM = P.tile_m, P.tile_n, P.tile_hdim
 NUM_THREADS = P.num_threads
 CHECK_HDIM_QK, CHECK_HDIM_V = P.partial_hdim_qk, P.partial_hdim_v
 PACKED = P.layout == "thd"
+STAGES = P.stages_q
 
 
 @cute.jit
@@ -69,7 +71,7 @@ def sdpa_bwd(
     max_seqlen_k: Int32,
     stream,
 ):
-    sQ_layout = tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM)
+    sQ_layout = tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM, STAGES)  # (TILE_M, TILE_HDIM, STAGES): Q and dO
     sKV_layout = tiles.smem_layout(DTYPE, TILE_N, TILE_HDIM)
     sPdS_layout = tiles.smem_layout(DTYPE, TILE_M, TILE_N)
 
@@ -162,8 +164,8 @@ def bwd_kernel(
     # transposed views: the operands of dV = P^T.dO, dK = dS^T.Q, dQ = dS.K
     sPt = tiles.transpose_view(sP, TILE_M, TILE_N)
     sdSt = tiles.transpose_view(sdS, TILE_M, TILE_N)
-    sQt = tiles.transpose_view(sQ, TILE_M, TILE_HDIM)
-    sdOt = tiles.transpose_view(sdO, TILE_M, TILE_HDIM)
+    sQt = tiles.transpose_view(sQ, TILE_M, TILE_HDIM, STAGES)
+    sdOt = tiles.transpose_view(sdO, TILE_M, TILE_HDIM, STAGES)
     sKt = tiles.transpose_view(sK, TILE_N, TILE_HDIM)
 
     # ---- global -> shared copies ---------------------------------------------
@@ -188,14 +190,15 @@ def bwd_kernel(
     thr_sdp = tiled_mma_sdp.get_slice(tidx)
     thr_dkv = tiled_mma_dkv.get_slice(tidx)
     thr_dq = tiled_mma_dq.get_slice(tidx)
-    tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
+    # fragments are shaped by one stage; the staged partitions below are indexed by stage
+    tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ[None, None, 0]))
     tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
-    tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
+    tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO[None, None, 0]))
     tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
     tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
-    tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt))
+    tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt[None, None, 0]))
     tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
-    tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt))
+    tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt[None, None, 0]))
     tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
     tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
     acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((TILE_N, TILE_HDIM)), Float32)
@@ -237,23 +240,26 @@ def bwd_kernel(
     # ---- prologue: K, V resident; Q, dO of the first step ------------------------
     if const_expr(CHECK_HDIM_QK):
         tiles.zero_unpredicated(tKsK, tKpK)
-        tiles.zero_unpredicated(tQsQ, tQpQ)
+        for stage in cutlass.range_constexpr(STAGES):
+            tiles.zero_unpredicated(tQsQ[None, None, None, stage], tQpQ)
     if const_expr(CHECK_HDIM_V):
         tiles.zero_unpredicated(tVsV, tVpV)
-        tiles.zero_unpredicated(tQsdO, tQpdO)
+        for stage in cutlass.range_constexpr(STAGES):
+            tiles.zero_unpredicated(tQsdO[None, None, None, stage], tQpdO)
     keys_left = seqlen.seqlen_k - n_block * TILE_N
     tiles.load_rows(gmem_tiled_copy_load, tKgK, tKsK, tKVcKV, tKpK, keys_left)
     tiles.load_rows(gmem_tiled_copy_load, tVgV, tVsV, tKVcKV, tVpV, keys_left)
     num_steps = num_m_blocks * group
     if num_steps > 0:
         load_q_do(gmem_tiled_copy_load, gmem_thr_copy, mQ, mdO, seqlen, batch, head_kv * group, m_block_min,
-                  tQsQ, tQsdO, tQcQ, tQpQ, tQpdO)
+                  tQsQ[None, None, None, 0], tQsdO[None, None, None, 0], tQcQ, tQpQ, tQpdO)
     cute.arch.cp_async_commit_group()
 
     for step in cutlass.range(num_steps, unroll=1):
         head = head_kv * group + step // num_m_blocks
         m_block = m_block_min + step % num_m_blocks
         rows_left = seqlen.seqlen_q - m_block * TILE_M
+        stage = step % STAGES if const_expr(STAGES > 1) else 0
 
         # this thread's rows of lse2 and D (padded / out-of-sequence rows: P = 0, D = 0)
         gLSE2 = cute.local_tile(seqlen.lse_row(mLSE2, batch, head), (TILE_M,), (m_block,))
@@ -269,12 +275,16 @@ def bwd_kernel(
                 row_d[r] = gD[row]
 
         cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier()
+        cute.arch.barrier()  # this step's Q, dO landed; every warp is done with the previous step
+        if const_expr(STAGES > 1):
+            load_next_q_do(step, num_steps, num_m_blocks, m_block_min, head_kv * group, 1 - stage,
+                           gmem_tiled_copy_load, gmem_thr_copy, mQ, mdO, seqlen, batch,
+                           tQsQ, tQsdO, tQcQ, tQpQ, tQpdO)
 
         # S = Q.K^T, masked, to probabilities
         acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
         acc_S.fill(0.0)
-        tiles.gemm_ss(tiled_mma_sdp, acc_S, tSrQ, tSrK, tSsQ, tSsK, copy_A_sdp, copy_B_sdp)
+        tiles.gemm_ss(tiled_mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, stage], tSsK, copy_A_sdp, copy_B_sdp)
         if mask.needs_mask(m_block, n_block):
             mask.apply(acc_S, tScS, t0ScS, m_block, n_block)
         acc_S_mn = tiles.acc_mn_view(acc_S)
@@ -286,7 +296,8 @@ def bwd_kernel(
         # dP = dO.V^T; dS = P * (dP - D)
         acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
         acc_dP.fill(0.0)
-        tiles.gemm_ss(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO, tdPsV, copy_A_sdp, copy_B_sdp)
+        tiles.gemm_ss(tiled_mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, stage], tdPsV,
+                      copy_A_sdp, copy_B_sdp)
         acc_dP_mn = tiles.acc_mn_view(acc_dP)
         for r in cutlass.range_constexpr(cute.size(row_d)):
             acc_dP_mn[r, None].store(acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - row_d[r]))
@@ -300,21 +311,21 @@ def bwd_kernel(
         cute.arch.barrier()
 
         # dV += P^T.dO ; dK += dS^T.Q
-        tiles.gemm_ss(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt, copy_At_dkv, copy_Bt_dkv)
-        tiles.gemm_ss(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt, copy_At_dkv, copy_Bt_dkv)
-        cute.arch.barrier()  # sQ and sdO are free: the next step's loads overlap the dQ product
-
-        if step + 1 < num_steps:
-            next_step = step + 1
-            load_q_do(gmem_tiled_copy_load, gmem_thr_copy, mQ, mdO, seqlen, batch,
-                      head_kv * group + next_step // num_m_blocks, m_block_min + next_step % num_m_blocks,
-                      tQsQ, tQsdO, tQcQ, tQpQ, tQpdO)
-        cute.arch.cp_async_commit_group()
+        tiles.gemm_ss(tiled_mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, stage],
+                      copy_At_dkv, copy_Bt_dkv)
+        tiles.gemm_ss(tiled_mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, stage],
+                      copy_At_dkv, copy_Bt_dkv)
+        if const_expr(STAGES == 1):
+            cute.arch.barrier()  # sQ and sdO are free: the next step's loads overlap the dQ product
+            load_next_q_do(step, num_steps, num_m_blocks, m_block_min, head_kv * group, 0,
+                           gmem_tiled_copy_load, gmem_thr_copy, mQ, mdO, seqlen, batch,
+                           tQsQ, tQsdO, tQcQ, tQpQ, tQpdO)
 
         if const_expr(not P.deterministic):
             acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE_M, TILE_HDIM)), Float32)
             acc_dQ.fill(0.0)
             tiles.gemm_ss(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_A_dq, copy_Bt_dq)
+            acc_dQ.store(acc_dQ.load() * scale)
             gdQ = cute.local_tile(seqlen.q_rows_accum(mdQaccum, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
             tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((TILE_M, TILE_HDIM)))
             for i in cutlass.range_constexpr(cute.size(acc_dQ)):
@@ -352,6 +363,18 @@ def load_q_do(gmem_tiled_copy, gmem_thr_copy, mQ, mdO, seqlen: SeqlenInfo, batch
     rows_left = seqlen.seqlen_q - m_block * TILE_M
     tiles.load_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ, tQcQ, tQpQ, rows_left)
     tiles.load_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tQsdO, tQcQ, tQpdO, rows_left)
+
+
+@cute.jit
+def load_next_q_do(step, num_steps, num_m_blocks, m_block_min, first_head, stage, gmem_tiled_copy, gmem_thr_copy,
+                   mQ, mdO, seqlen: SeqlenInfo, batch, tQsQ, tQsdO, tQcQ, tQpQ, tQpdO):
+    """Issue the loads of step + 1 (if any) into ``stage``, and commit them as one group."""
+    if step + 1 < num_steps:
+        head = first_head + (step + 1) // num_m_blocks
+        m_block = m_block_min + (step + 1) % num_m_blocks
+        load_q_do(gmem_tiled_copy, gmem_thr_copy, mQ, mdO, seqlen, batch, head, m_block,
+                  tQsQ[None, None, None, stage], tQsdO[None, None, None, stage], tQcQ, tQpQ, tQpdO)
+    cute.arch.cp_async_commit_group()
 
 
 @cute.jit

@@ -224,8 +224,8 @@ def launch_bwd(compiled_pre, compiled_main, compiled_dq, t, dq, dk, dv, dsinks, 
 
     ``t`` is the call's frost.problem.Tensors; ``scratch`` the carved workspace
     (d, lse2, and dq_accum unless deterministic, dsink_partial with sinks).
-    Default mode: bwd_pre, zero the accumulator, bwd (dK, dV, dQ atomics), then
-    dq = accum * scale in place and one strided copy into dq. Deterministic:
+    Default mode: bwd_pre, zero the accumulator, bwd (dK, dV, scaled dQ atomics),
+    then one strided copy of the accumulator into dq. Deterministic:
     bwd_pre, bwd (dK, dV only), bwd_dq (dq directly).
     """
     seqlens_q, seqlens_k = t.seqlens_q, t.seqlens_k
@@ -241,7 +241,6 @@ def launch_bwd(compiled_pre, compiled_main, compiled_dq, t, dq, dk, dv, dsinks, 
         compiled_dq(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], dq, t.cu_seqlens_q, t.cu_seqlens_k,
                     seqlens_q, seqlens_k, scale, scale * LOG2_E, window_left, window_right, max_seqlen_q)
     else:
-        accum.mul_(scale)
         head_dim = dq.shape[-1]
         if t.cu_seqlens_q is not None:  # (H, T, D) -> (T, H, D); rows past cu_seqlens_q[-1] untouched
             end = int(t.cu_seqlens_q[-1])

@@ -183,6 +183,7 @@ class BwdParams:
     has_window_right: bool
     bottom_right: bool
     deterministic: bool     # no dQ atomics in sm80/bwd; sm80/bwd_dq computes dQ per query block
+    stages_q: int = 2       # shared buffers for Q and dO: 2 loads step i+1 while step i computes
 
     @property
     def tile_hdim(self) -> int:
@@ -194,7 +195,7 @@ class BwdParams:
 
     def smem_bytes(self) -> int:
         k_v = 2 * self.tile_n * self.tile_hdim
-        q_do = 2 * self.tile_m * self.tile_hdim
+        q_do = 2 * self.stages_q * self.tile_m * self.tile_hdim
         p_ds = 2 * self.tile_m * self.tile_n
         return 2 * (k_v + q_do + p_ds)
 
@@ -221,6 +222,8 @@ class BwdParams:
             bad(f"tile_m and tile_n must be multiples of {rows_per_step} (rows per copy step)")
         if self.tile_n % 64:
             bad("tile_n must be a multiple of 64 (the swizzle atom of the P and dS tiles)")
+        if self.stages_q not in (1, 2):
+            bad("stages_q must be 1 or 2")
         if self.smem_bytes() > SMEM_BYTES_MAX:
             bad(f"shared memory {self.smem_bytes()} B exceeds {SMEM_BYTES_MAX} B")
         return self

@@ -23,8 +23,9 @@ from cutlass.cute.nvgpu import cpasync, warp
 COPY_BITS = 128
 
 
-def smem_layout(dtype, rows: int, hdim: int):
-    """(rows, hdim) swizzled shared-memory layout for a row-major tile of ``dtype``."""
+def smem_layout(dtype, rows: int, hdim: int, stages: int | None = None):
+    """(rows, hdim) swizzled shared-memory layout for a row-major tile of ``dtype``;
+    with ``stages``, (rows, hdim, stages): that many such tiles one after another."""
     atom_cols = 64 if hdim % 64 == 0 else 32
     swizzle_bits = 3 if atom_cols == 64 else 2
     atom = cute.make_composed_layout(
@@ -32,7 +33,9 @@ def smem_layout(dtype, rows: int, hdim: int):
         0,
         cute.make_layout((8, atom_cols), stride=(atom_cols, 1)),
     )
-    return cute.tile_to_shape(atom, (rows, hdim), (0, 1))
+    if stages is None:
+        return cute.tile_to_shape(atom, (rows, hdim), (0, 1))
+    return cute.tile_to_shape(atom, (rows, hdim, stages), (0, 1, 2))
 
 
 def _copy_thread_layout(dtype, hdim: int, num_threads: int):
@@ -78,9 +81,12 @@ def ldmatrix_atom(dtype, transpose: bool = False):
     return cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=transpose, num_matrices=4), dtype)
 
 
-def transpose_view(s_tile: cute.Tensor, rows: int, cols: int) -> cute.Tensor:
-    """(cols, rows) view of a (rows, cols) shared-memory tile (no data movement)."""
-    return cute.composition(s_tile, cute.make_layout((cols, rows), stride=(rows, 1)))
+def transpose_view(s_tile: cute.Tensor, rows: int, cols: int, stages: int | None = None) -> cute.Tensor:
+    """(cols, rows) view of a (rows, cols) shared-memory tile (no data movement);
+    (cols, rows, stages) of a staged (rows, cols, stages) one."""
+    if stages is None:
+        return cute.composition(s_tile, cute.make_layout((cols, rows), stride=(rows, 1)))
+    return cute.composition(s_tile, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols)))
 
 
 def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:

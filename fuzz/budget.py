@@ -1,0 +1,75 @@
+"""The wall-clock budget of a fuzz run: each test's share of it, its chunks and their seeds.
+
+Hypothesis stops a test after ``max_examples``; it has no clock. Under ``frost-fuzz``
+the plugin (``fuzz.plugin``) turns the run's deadline into a share per fuzz test
+(what is left, divided by the fuzz tests this worker has yet to start) and runs each
+test as a series of *chunks*: one Hypothesis run of the profile's ``max_examples``
+with its own seed, again and again until the share is spent. Inside a chunk,
+``before_example`` rejects every example once the share is spent, so a long chunk
+ends within a few thousand cheap rejections instead of running to ``max_examples``;
+it never rejects the first example of a chunk (Hypothesis would call the test
+unsatisfiable) nor once an example failed (the shrinker must be able to replay it).
+
+Seeds: a chunk's seed is a hash of the run's seed (the night's seed and the shard),
+the worker, the test id and the chunk number, so every chunk of every worker and shard
+explores different ground, and each is written to the run folder's fuzz log.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+from hypothesis import reject
+
+
+@dataclass
+class Budget:
+    until: float  # time.time() when the whole run must stop
+    seed: int  # the run's seed: the night's seed combined with the shard
+    worker: str  # "main" or the xdist worker id
+    share_end: float = float("inf")  # when the running test's share ends
+    examples: int = 0  # examples started in the running chunk
+    failed: bool = False  # an example of the running chunk failed
+
+    def chunk_seed(self, test_id: str, chunk: int) -> int:
+        text = f"{self.seed}:{self.worker}:{test_id}:{chunk}"
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+    def start_test(self, tests_left: int) -> None:
+        """A fuzz test starts: its share is what is left, split over the tests still to run."""
+        now = time.time()
+        self.share_end = now + max(0.0, self.until - now) / max(1, tests_left)
+
+    def start_chunk(self) -> None:
+        self.examples, self.failed = 0, False
+
+    def share_spent(self) -> bool:
+        return time.time() >= self.share_end
+
+
+_active: Budget | None = None
+
+
+def activate(budget: Budget | None) -> None:
+    global _active
+    _active = budget
+
+
+def active() -> Budget | None:
+    return _active
+
+
+def before_example() -> None:
+    """Called at the start of every fuzz example: rejects it when the share is spent (see above)."""
+    budget = _active
+    if budget is None:
+        return
+    if budget.examples and not budget.failed and budget.share_spent():
+        reject()
+    budget.examples += 1
+
+
+def example_failed() -> None:
+    if _active is not None:
+        _active.failed = True

@@ -1,0 +1,65 @@
+"""Fuzz: metamorphic identities on the engines (``fuzz.identities`` says what each rewrites)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fuzz import catalog
+from fuzz.strategies import cases
+
+pytestmark = pytest.mark.fuzz
+
+# property name -> the constraints its problems need
+DRAWS = {
+    "packed_equals_per_sequence_and_padded": {"layout": "thd"},
+    "gqa_equals_repeated_kv": {"heads": "grouped"},
+    "batch_permutation": {"min_batch": 2},
+    "sink_equals_zero_value_key": {"layout": "dense", "sinks": True},
+    "row_shift_changes_nothing": {"sinks": False},
+    "causal_prefix_ignores_later_keys": {"mask": "right_bounded"},
+}
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["packed_equals_per_sequence_and_padded"]))
+def test_packed_equals_per_sequence_and_padded(case):
+    catalog.run("packed_equals_per_sequence_and_padded", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["gqa_equals_repeated_kv"]))
+def test_gqa_equals_repeated_kv(case):
+    catalog.run("gqa_equals_repeated_kv", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["batch_permutation"]))
+def test_batch_permutation(case):
+    catalog.run("batch_permutation", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["sink_equals_zero_value_key"]))
+def test_sink_equals_zero_value_key(case):
+    catalog.run("sink_equals_zero_value_key", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["row_shift_changes_nothing"]))
+def test_row_shift_changes_nothing(case):
+    catalog.run("row_shift_changes_nothing", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["causal_prefix_ignores_later_keys"]))
+def test_causal_prefix_ignores_later_keys(case):
+    catalog.run("causal_prefix_ignores_later_keys", case)
+
+
+@pytest.mark.L1
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", DRAWS)
+@given(data=st.data())
+def test_identity_gpu(name, data):
+    catalog.run(name, data.draw(cases("gpu", **DRAWS[name]), label="case"))
