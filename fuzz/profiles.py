@@ -31,7 +31,7 @@ _SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much]
 def _profiles() -> dict[str, dict]:
     database = DirectoryBasedExampleDatabase(str(DATABASE))
     return {
-        "ci": dict(max_examples=6, derandomize=True, database=None, deadline=None, print_blob=False,
+        "ci": dict(max_examples=50, derandomize=True, database=None, deadline=None, print_blob=False,
                    suppress_health_check=[HealthCheck.too_slow]),
         "dev": dict(max_examples=100, database=database, deadline=None, print_blob=True),
         "nightly": dict(max_examples=200, database=database, deadline=None, print_blob=True,

@@ -20,9 +20,6 @@ from frost.dispatch import Decision
 from frost.problem import Problem
 from suites.harness import Inputs, run_backward, run_forward
 
-FORWARD_OUTPUTS = ("o", "lse")
-BACKWARD_OUTPUTS = ("dq", "dk", "dv", "dbias", "dsinks")
-
 
 def problem_of(inputs: Inputs, direction: str, *, deterministic: bool = False) -> Problem:
     """The Problem frost builds for these inputs in ``direction``."""

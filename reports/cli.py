@@ -4,9 +4,11 @@
 
 Runs pytest from the repository root on the level (a level includes the ones below
 it: L1 runs L0 and L1) with the records plugin writing into ``DIR/records``, then
-writes ``cases.csv``, ``routing.md`` and ``pass_rate.md`` into ``DIR`` (default
-``frost-out/<level>-<timestamp>/``, ignored by git), prints where, and a short
-summary. The exit status is pytest's: the report is written either way.
+writes the report into ``DIR`` (default ``frost-out/<level>-<timestamp>/``, ignored by
+git): ``cases.csv``, ``routing.md``, ``pass_rate.md``, error statistics
+(``stats.csv``), drift against the previous run of the same level (``drift.md``) and
+``report.html`` (``reports.publish`` lists them), prints where, and a short summary.
+The exit status is pytest's: the report is written either way.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from reports import records, tables
+from reports import publish, records, tables
 
 LEVELS = ("L0", "L1", "L2")
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,11 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     print("frost-report:", " ".join(command), flush=True)
     status = subprocess.call(command, cwd=ROOT)
 
-    df = tables.frame(records.read_folder(out / "records"))
     title = f"level {args.level}, {started:%Y-%m-%d %H:%M}, pytest exit {status}"
-    paths = tables.write_reports(df, out, title)
+    meta = {"key": args.level, "title": title, "started": started.isoformat(), "pytest_exit": status,
+            "command": " ".join(command)}  # fmt: skip
+    paths = publish.write_run(out, meta)
     print(f"\nfrost-report: wrote {', '.join(p.name for p in paths)} to {out}")
-    lines = tables.summary_lines(df)  # the routing details are in pytest's summary above
+    lines = tables.summary_lines(tables.frame(records.read_folder(out / "records")))  # routing: pytest's summary
     for line in lines:
         if line == lines[0] or line.startswith(("served by", "FAILED")):
             print(line)

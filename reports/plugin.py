@@ -87,11 +87,6 @@ def run_folder(config) -> Path:
     return config.stash[_FOLDER]
 
 
-def worker_name(config) -> str:
-    """"main", or this xdist worker's id ("gw0", ...)."""
-    return config.stash[_WORKER]
-
-
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if hasattr(config, "workerinput"):
         return

@@ -1,10 +1,13 @@
-"""The records, the report tables, the pytest plugin under xdist and the frost-report CLI."""
+"""The records, the report tables, error statistics, drift, the HTML page, the pytest plugin under xdist and the CLI."""
 from __future__ import annotations
+
+import shutil
+import subprocess
 
 import pandas as pd
 import pytest
 
-from reports import cli, records, tables
+from reports import cli, fuzzlog, html, publish, records, stats, tables
 
 
 def _row(test_id, engine, passed, *, direction="forward", mode="routed", native=True, group="dense",
@@ -96,3 +99,111 @@ def test_frost_report_under_xdist(tmp_path, capfd):
     assert "frost routing summary" in printed and "12 cases (6 routed, 6 forced): 12 passed, 0 failed" in printed
     assert "torch-sdpa (forward): unsupported: packed (THD) layout with cu_seqlens" in printed
     assert (tmp_path / "routing.md").exists() and (tmp_path / "pass_rate.md").exists()
+
+
+# error statistics, drift, the run folder and its HTML page -----------------------------
+
+FUZZ_ROWS = [
+    {**_row("f1", "unfused", True, ratio=0.2), "property": "forward_matches_oracle", "features": "thd causal",
+     "feature_group": "thd+causal", "reproduce": "python -m fuzz.replay a"},
+    {**_row("f2", "unfused", True, ratio=0.6), "property": "forward_matches_oracle", "features": "thd",
+     "feature_group": "thd", "reproduce": "python -m fuzz.replay b"},
+    {**_row("f3", "unfused", False, ratio=3.0), "property": "forward_matches_oracle", "features": "causal",
+     "feature_group": "causal", "reproduce": "python -m fuzz.replay c"},
+    {**_row("g1", "torch-sdpa", True, ratio=0.1), "features": "", "feature_group": "dense"},
+    {**_row("e1", "unfused", False, ratio=None), "output": "*", "error": "RuntimeError: boom"},
+]  # fmt: skip
+
+
+@pytest.mark.L0
+def test_error_stats_per_feature_and_combination():
+    stat = stats.error_stats(tables.frame(FUZZ_ROWS))
+    by_feature = stat[(stat["by"] == "feature") & (stat["engine"] == "unfused")].set_index("group")
+    assert by_feature.loc["all", ["cases", "failures", "max_ratio"]].tolist() == [3, 1, 3.0]
+    assert by_feature.loc["thd", ["cases", "failures", "median_ratio", "max_ratio"]].tolist() == [2, 0, 0.4, 0.6]
+    assert by_feature.loc["causal", ["worst_case", "reproduce"]].tolist() == ["f3", "python -m fuzz.replay c"]
+    grid = stat[stat["engine"] == "torch-sdpa"]
+    assert set(grid["property"]) == {"grid"} and set(grid["group"]) == {"dense", "all"}
+    assert set(stat[stat["by"] == "feature_group"]["group"]) == {"thd+causal", "thd", "causal", "dense"}
+    assert stats.error_stats(tables.frame([])).empty
+
+
+@pytest.mark.L0
+def test_drift_flags_what_moved():
+    keys = dict(property="p", engine="e", direction="forward", output="o", by="feature")
+    def stat(group, median, maximum, failures=0):
+        return {**keys, "group": group, "cases": 10, "failures": failures, "median_ratio": median, "max_ratio": maximum}
+    before = pd.DataFrame([stat("a", 0.1, 0.5), stat("b", 0.1, 0.5), stat("c", 0.1, 0.5), stat("d", 0.1, 0.5),
+                           stat("gone", 0.1, 0.2)])  # fmt: skip
+    now = pd.DataFrame([stat("a", 0.1, 0.5), stat("b", 0.3, 0.6), stat("c", 0.1, 0.9), stat("d", 0.1, 2.0, 1),
+                        stat("new", 0.1, 0.1)])  # fmt: skip
+    flags = dict(zip(stats.drift(now, before)["group"], stats.drift(now, before)["flag"]))
+    assert flags == {"a": "", "b": "median x3", "c": "max crossed 0.8", "d": "new failures", "new": "new group",
+                     "gone": "gone"}  # fmt: skip
+    assert list(stats.drift(now, before)["group"][:3]) == ["d", "c", "b"]  # flagged first, largest rise first
+
+
+def _run_folder(parent, name, rows, started):
+    folder = parent / name
+    (folder / "records").mkdir(parents=True, exist_ok=True)
+    records.append_jsonl(folder / "records" / "records-gw0.jsonl", rows)
+    meta = {"key": "fuzz-cpu", "title": name, "started": started}
+    return folder, publish.write_run(folder, meta, plots=False)
+
+
+@pytest.mark.L0
+def test_run_folder_report_with_drift(tmp_path):
+    first, paths = _run_folder(tmp_path, "first", FUZZ_ROWS[:2], "2026-01-01T00:00:00")
+    assert [p.name for p in paths] == ["cases.csv", "routing.md", "pass_rate.md", "stats.csv", "run.json",
+                                       "report.html"]  # fmt: skip
+    (tmp_path / "second" / "records").mkdir(parents=True)
+    records.append_jsonl(tmp_path / "second" / "records" / "fuzz-gw0.jsonl", [
+        {"test_id": "t::a", "worker": "gw0", "gpu": "3", "chunk": 0, "seed": 11, "examples": 30, "seconds": 6.0,
+         "outcome": "passed", "failure": ""},
+        {"test_id": "t::b", "worker": "gw0", "gpu": "3", "chunk": 0, "seed": 12, "examples": 2, "seconds": 1.0,
+         "outcome": "failed", "failure": "PropertyFailure: b failed\ncase: x\nreproduce: python -m fuzz.replay b"},
+    ])  # fmt: skip
+    second, paths = _run_folder(tmp_path, "second", FUZZ_ROWS, "2026-01-02T00:00:00")
+    assert {"drift.md", "drift.csv", "fuzz.md"} <= {p.name for p in paths}
+    assert publish.previous_run(second, "fuzz-cpu", "2026-01-02T00:00:00") == first.resolve()
+    assert publish.previous_run(first, "fuzz-cpu", "2026-01-01T00:00:00") is None
+    assert "new failures" in (second / "drift.md").read_text()
+    fuzz_md = (second / "fuzz.md").read_text()
+    assert "32 examples in 2 chunks" in fuzz_md and "| 3 | gw0 | 2 | 32 | 7 | 274 | 1 |" in fuzz_md
+    assert "python -m fuzz.replay b" in fuzz_md
+    page = (second / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<img" not in page and "plots need matplotlib" in page
+    for text in ("Failures", "RuntimeError: boom", "python -m fuzz.replay c", "Error statistics per feature",
+                 "Drift against the previous run", "new failures", "Per worker and GPU"):  # fmt: skip
+        assert text in page, text
+
+
+@pytest.mark.L0
+def test_html_plots_are_embedded(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plots extra (matplotlib) is not installed")
+    df = tables.frame(FUZZ_ROWS)
+    page = html.render({"title": "plots"}, df, stats.error_stats(df), None, fuzzlog.frame([]), plots=True)
+    assert page.count('<img alt="plot" src="data:image/png;base64,') == 2 and "http" not in page
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.L1
+@pytest.mark.skipif(_chromium() is None, reason="no chromium to render the page (apt-get install chromium)")
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    """A real browser opens report.html: the DOM has the report's sections and a screenshot is drawn."""
+    folder, _ = _run_folder(tmp_path, "run", FUZZ_ROWS, "2026-01-01T00:00:00")
+    page = (folder / "report.html").as_uri()
+    browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    dom = subprocess.run([*browser, "--dump-dom", page], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    for text in ("Failures", "Error statistics per feature", "python -m fuzz.replay c", "Routing"):
+        assert text in dom.stdout, text
+    shot = tmp_path / "report.png"
+    subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1280,1600", page],
+                   capture_output=True, timeout=120, check=True)  # fmt: skip
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000

@@ -28,8 +28,9 @@ Key blocks are visited from the highest down so the only block that can run
 past the sequence end (and needs row predicates and zero fill) is the first.
 Blocks outside the visible band of the whole query tile are never visited
 (causal, windows, padding); blocks inside it take the unmasked path.
-For causal/bottom-right problems, CTAs are launched heaviest (last query
-tile) first, which evens out the tail of the grid.
+With ``heavy_first`` (the tile policy sets it for d128 with a right window),
+CTAs are launched heaviest (last query tile) first across the whole grid,
+which evens out its tail.
 
 Layouts: dense q/k/v/o are (B, S, H, D) with any strides but a unit last
 one; packed ones are (T, H, D) with cu_seqlens (B+1); lse is (B, H, S) or
@@ -38,9 +39,9 @@ batch size, sequence length, head count, head dim within the flavor, number
 of packed sequences and packed token total; only the params record (dtype,
 flavor, whether head dims fill it, tiles, features) is static.
 
-Rejected alternatives: a two-stage K/V pipeline (costs 2x K/V shared memory
-and halves occupancy at d128 for no gain on mma.sync); Q held in registers
-(adds 64 registers at d128 and spills).
+Not tried yet (candidates for the next step, unmeasured): a two-stage K/V
+pipeline (twice the K/V shared memory) and Q held in registers. The forward
+already runs at 1.07-1.17x FlashAttention-2 on the H200 (benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
