@@ -4,7 +4,12 @@ report measures frost's own kernels against.
 ``torch-sdpa`` serves dense (BSHD) problems with torch's fused attention kernels,
 called through their aten ops because those return the logsumexp that
 ``F.scaled_dot_product_attention`` hides. Forward: on CPU the flash kernel
-``aten._scaled_dot_product_flash_attention_for_cpu``, on CUDA the memory-efficient
+``aten._scaled_dot_product_flash_attention_for_cpu`` on float32 copies of the inputs,
+which is what torch's CPU math backend does with fp16/bf16 (it upcasts). Given fp16
+inputs the CPU flash kernel sums probabilities rounded to fp16, so its lse misses the
+acceptance rule wherever the logits are small (found by the fuzz: head dim 1, scale
+0.05, lse L2 error 3.4 times the allowance; 10 of 10 seeds fail at head dim 1..8,
+scale 0.05, 256 keys). On CUDA the memory-efficient
 kernel ``aten._scaled_dot_product_efficient_attention`` (the flash and cuDNN CUDA
 kernels take no additive mask; one CUDA kernel keeps the fallback uniform). Top-left
 causal is torch's ``is_causal``; bias and bottom-right causal travel as an additive
@@ -175,8 +180,9 @@ class _TorchSdpaForwardPlan(Plan):
         v = _repeat_kv(tensors.v.transpose(1, 2), problem.group_size)
         causal = _is_causal(problem, mask)
         if cpu:
+            f32 = torch.float32
             o_bhsd, lse_bhs = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, causal, attn_mask=mask, scale=problem.scale
+                q.to(f32), k.to(f32), v.to(f32), 0.0, causal, attn_mask=mask, scale=problem.scale
             )
         else:
             attn_bias = None if mask is None else _cuda_mask(mask, problem)

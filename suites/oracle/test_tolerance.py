@@ -212,3 +212,21 @@ def test_verdict_reporting():
     assert math.isclose(v.ratio_max, v.err_max / v.allowed_max)
     assert v.describe().startswith("o: FAIL")
     assert "o: FAIL" in tolerance.summary({"o": v})
+
+
+def test_l2_min_elements_judges_small_outputs_by_the_worst_element_alone():
+    """Rule 2 fails a small output that rule 1 passes; ``l2_min_elements`` above its size
+    keeps rule 1 only (the L2 figures still reported), and a wrong element still fails."""
+    x64 = torch.tensor([1.0, 1.25, 1.5, 1.75], dtype=torch.float64)
+    base = {"o": (x64 + torch.tensor([0.01, 0.0, 0.0, 0.0], dtype=torch.float64)).half()}
+    spread = (x64 + 0.015).half()  # each element within 2x the baseline's worst, L2 beyond 2x its norm
+    ref = {"o": x64}
+    strict = tolerance.check({"o": spread}, ref, base, io_dtype=torch.float16)["o"]
+    assert strict.ratio_max <= 1 and strict.ratio_l2 > 1 and not strict.passed, strict.describe()
+    loose = tolerance.check({"o": spread}, ref, base, io_dtype=torch.float16, l2_min_elements=5)["o"]
+    assert loose.passed and not loose.l2_applied and loose.ratio == loose.ratio_max, loose.describe()
+    assert loose.ratio_l2 == strict.ratio_l2 and "not applied" in loose.note
+    assert tolerance.check({"o": spread}, ref, base, io_dtype=torch.float16, l2_min_elements=4)["o"] == strict
+    wrong = spread.clone()
+    wrong[2] = 1.6
+    assert not tolerance.check({"o": wrong}, ref, base, io_dtype=torch.float16, l2_min_elements=5)["o"].passed
