@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import frost  # noqa: E402
 from frost import dispatch  # noqa: E402
+from frost.engines.sm80 import Sm80Backward  # noqa: E402
 from frost.problem import prepare  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
@@ -107,6 +108,10 @@ def backward_row(d: int, s: int, causal: bool, reps_ms: int) -> dict:
     row["frost"] = flops / _bench(api(), reps_ms) / 1e9
     row["frost_plan"] = flops / _bench(lambda: plan.execute(tensors, out=grads, workspace=workspace), reps_ms) / 1e9
     row["frost_det"] = flops / _bench(api(deterministic=True), reps_ms) / 1e9
+    if torch.cuda.get_device_capability() >= (9, 0):  # the dQ-pair reductions under measurement
+        vector_plan = Sm80Backward(vector_dq_atomics=True).compile(problem)
+        vector = lambda: vector_plan.execute(tensors, out=grads, workspace=workspace)
+        row["frost_vec"] = flops / _bench(vector, reps_ms) / 1e9
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
     dot = do.transpose(1, 2)
     for backend in TORCH_BACKENDS:
@@ -122,11 +127,14 @@ def backward_row(d: int, s: int, causal: bool, reps_ms: int) -> dict:
             row[f"{backend}_error"] = str(error).splitlines()[0]
     row["frost/flash"] = row["frost"] / row["flash"]
     row["det/default"] = row["frost_det"] / row["frost"]
+    if "frost_vec" in row:
+        row["vec/plan"] = row["frost_vec"] / row["frost_plan"]
     return row
 
 
 def print_table(rows: list[dict]) -> None:
     extra = ["frost_det", "det/default"] if rows and "frost_det" in rows[0] else []
+    extra += ["frost_vec", "vec/plan"] if rows and "frost_vec" in rows[0] else []
     cols = ["direction", "d", "S", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS, "frost/flash"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

@@ -87,11 +87,21 @@ class Sm80Forward(Engine):
 
 
 class Sm80Backward(Engine):
+    """``vector_dq_atomics=True`` reduces dQ in column pairs (``red.global.add.v2.f32``) on
+    SM90 devices. It is off in the dispatch table until the benchmark shows it helps."""
+
     name = "sdpa_bwd_sm80"
     family = "sm80"
     direction = "backward"
     native = False
     capabilities = SM80_CAPABILITIES
+
+    def __init__(self, vector_dq_atomics: bool = False):
+        self.vector_dq_atomics = vector_dq_atomics
+
+    def _vector_atomics(self, problem: Problem) -> bool:
+        return (self.vector_dq_atomics and not problem.deterministic and problem.device_type == "cuda"
+                and torch.cuda.get_device_capability(problem.device) >= (9, 0))
 
     def check_support(self, problem: Problem) -> str | None:
         return super().check_support(problem) or sm80_decline(problem)
@@ -105,6 +115,7 @@ class Sm80Backward(Engine):
             dtype=dtype, head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, window_left=problem.window_left, window_right=problem.window_right,
             bottom_right=problem.causal_align == "bottom_right", deterministic=problem.deterministic,
+            vector_dq_atomics=self._vector_atomics(problem),
         )
         pre = BwdPreParams(
             dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,

@@ -93,3 +93,15 @@ def test_compiled_head_dim_tile_is_the_selected_flavor(head_dim, flavor, tile):
     # and the artifacts that were compiled for it are keyed by exactly those records
     keys = {key[1] for key in sm80_compile.BWD_CACHE.keys()}
     assert set(plan.params) <= keys
+
+
+@pytest.mark.L0
+def test_vector_dq_atomics_compile_for_sm90_and_refuse_the_deterministic_mode(monkeypatch):
+    """The SM90 variant (red.global.add.v2.f32 on dQ pairs) traces and compiles for sm_90;
+    with deterministic=True there are no atomics and the record says so."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90")
+    default = next(p for p in SUBSET if isinstance(p, BwdParams) and not p.deterministic)
+    assert sm80_compile.compile_bwd(dataclasses.replace(default, vector_dq_atomics=True)) is not None
+    with pytest.raises(ValueError, match="no dQ atomics"):
+        dataclasses.replace(default, deterministic=True, vector_dq_atomics=True).validate()

@@ -56,6 +56,21 @@ def test_bwd_sm80_deterministic_mode_matches_oracle(feature):
     _assert_sm80(_case(feature, torch.bfloat16, (128, 128), deterministic=True))
 
 
+@pytest.mark.L0
+@pytest.mark.parametrize("feature, dtype, dims", L0_CASES, ids=lambda x: str(x))
+def test_bwd_sm80_vector_dq_atomics_match_oracle(feature, dtype, dims, monkeypatch):
+    """The SM90 variant (dQ reduced in column pairs), switched on in the dispatch table's engine."""
+    from frost import dispatch
+    from frost.kernels.sm80 import compile as sm80_compile
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("red.global.add.v2.f32 needs an SM90 device")
+    engine = next(e for e in dispatch.engines(DIRECTION) if e.name == ENGINE)
+    monkeypatch.setattr(engine, "vector_dq_atomics", True)
+    _assert_sm80(_case(feature, dtype, dims))
+    assert any(getattr(key[1], "vector_dq_atomics", False) for key in sm80_compile.BWD_CACHE.keys())
+
+
 @pytest.mark.L1
 @pytest.mark.parametrize(
     "feature, dtype, dims",

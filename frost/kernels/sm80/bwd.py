@@ -20,7 +20,8 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
     P, dS -> shared (io dtype); barrier
     dV += P^T.dO ;  dK += dS^T.Q    mma (dkv layout, operands via ldmatrix.trans)
     (stages_q = 1: barrier; issue Q, dO of the next step, overlapping only dS.K)
-    dQ = scale * dS.K -> fp32 atomics into the dQ accumulator   (not in deterministic mode)
+    dQ = scale * dS.K -> fp32 atomics into the dQ accumulator   (not in deterministic mode;
+                                    vector_dq_atomics: red.global.add.v2.f32, SM90 only)
 
 Epilogue: dK *= scale; dK and dV go through shared memory to 128-bit stores.
 Key rows past Sk_b inside the padded extent are written as zeros.
@@ -328,10 +329,18 @@ def bwd_kernel(
             acc_dQ.store(acc_dQ.load() * scale)
             gdQ = cute.local_tile(seqlen.q_rows_accum(mdQaccum, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
             tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((TILE_M, TILE_HDIM)))
-            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                coord = tdQcdQ[i]
-                if coord[0] < rows_left:
-                    cute.arch.atomic_add(gdQ.iterator + cute.crd2idx(coord, gdQ.layout), acc_dQ[i])
+            if const_expr(P.vector_dq_atomics):
+                # the C fragment holds adjacent column pairs (values 2j, 2j+1): one 8-byte red each
+                for j in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                    coord = tdQcdQ[2 * j]
+                    if coord[0] < rows_left:
+                        pair = cute.make_tensor(acc_dQ.iterator + 2 * j, cute.make_layout(2)).load()
+                        cute.arch.atomic_add(gdQ.iterator + cute.crd2idx(coord, gdQ.layout), pair)
+            else:
+                for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                    coord = tdQcdQ[i]
+                    if coord[0] < rows_left:
+                        cute.arch.atomic_add(gdQ.iterator + cute.crd2idx(coord, gdQ.layout), acc_dQ[i])
 
     # ---- epilogue: dK, dV through shared memory to global ------------------------
     acc_dK.store(acc_dK.load() * scale)

@@ -148,7 +148,7 @@ def _build_bwd(params: BwdParams):
     cu_k = fake_vector(Int32) if packed else None
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
-    with _arch_for_compile():
+    with _arch_for_compile("sm_90" if params.vector_dq_atomics else "sm_80"):
         return cute.compile(
             module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, dk, dv, cu_q, cu_k, seqlens_q, seqlens_k,
             Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0),
@@ -183,16 +183,20 @@ def _build_bwd_dq(params: BwdDqParams):
 
 
 class _arch_for_compile:
-    """Without a GPU the DSL needs CUTE_DSL_ARCH to pick a target; default it to sm_80.
+    """Without a GPU the DSL needs CUTE_DSL_ARCH to pick a target; default it to ``arch``
+    (sm_80, or sm_90 for code that uses SM90 instructions).
 
     With a GPU present the DSL targets the device it finds, which is what we
     want there (sm_90 runs this SM80 code natively).
     """
 
+    def __init__(self, arch: str = "sm_80"):
+        self.arch = arch
+
     def __enter__(self):
         self._set = False
         if "CUTE_DSL_ARCH" not in os.environ and not _has_cuda():
-            os.environ["CUTE_DSL_ARCH"] = "sm_80"
+            os.environ["CUTE_DSL_ARCH"] = self.arch
             self._set = True
 
     def __exit__(self, *exc):

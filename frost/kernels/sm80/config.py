@@ -184,6 +184,9 @@ class BwdParams:
     bottom_right: bool
     deterministic: bool     # no dQ atomics in sm80/bwd; sm80/bwd_dq computes dQ per query block
     stages_q: int = 2       # shared buffers for Q and dO: 2 loads step i+1 while step i computes
+    # dQ atomics on adjacent column pairs (red.global.add.v2.f32): half the reductions, but the
+    # instruction needs SM90, so the kernel compiles for sm_90 only (compile.target_arch)
+    vector_dq_atomics: bool = False
 
     @property
     def tile_hdim(self) -> int:
@@ -224,6 +227,8 @@ class BwdParams:
             bad("tile_n must be a multiple of 64 (the swizzle atom of the P and dS tiles)")
         if self.stages_q not in (1, 2):
             bad("stages_q must be 1 or 2")
+        if self.vector_dq_atomics and self.deterministic:
+            bad("the deterministic mode has no dQ atomics to vectorize")
         if self.smem_bytes() > SMEM_BYTES_MAX:
             bad(f"shared memory {self.smem_bytes()} B exceeds {SMEM_BYTES_MAX} B")
         return self
@@ -231,7 +236,7 @@ class BwdParams:
 
 def bwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
-    window_left: int, window_right: int, bottom_right: bool, deterministic: bool,
+    window_left: int, window_right: int, bottom_right: bool, deterministic: bool, vector_dq_atomics: bool = False,
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params (FlashAttention-2's SM80 tiles:
     d64 128x128, d128 64x128, 8 warps)."""
@@ -246,6 +251,7 @@ def bwd_params_for(
         layout=layout, has_seqlens=has_seqlens, has_window_left=window_left >= 0,
         has_window_right=window_right >= 0,
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
+        vector_dq_atomics=vector_dq_atomics,
     ).validate()
 
 
