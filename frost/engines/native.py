@@ -9,7 +9,9 @@ which is what torch's CPU math backend does with fp16/bf16 (it upcasts). Given f
 inputs the CPU flash kernel sums probabilities rounded to fp16, so its lse misses the
 acceptance rule wherever the logits are small (found by the fuzz: head dim 1, scale
 0.05, lse L2 error 3.4 times the allowance; 10 of 10 seeds fail at head dim 1..8,
-scale 0.05, 256 keys). On CUDA the memory-efficient
+scale 0.05, 256 keys). Its fp16/bf16 backward missed the rule too (fuzz: dq/dk up to
+1.48 times the allowance on causal problems with 2 keys), so the CPU backward runs on
+float32 copies as well. On CUDA the memory-efficient
 kernel ``aten._scaled_dot_product_efficient_attention`` (the flash and cuDNN CUDA
 kernels take no additive mask; one CUDA kernel keeps the fallback uniform). Top-left
 causal is torch's ``is_causal``; bias and bottom-right causal travel as an additive
@@ -206,11 +208,12 @@ class _TorchSdpaBackwardPlan(Plan):
         grads = out if out is not None else allocate_backward(problem, tensors)
         group = problem.group_size
         mask = _additive_mask(problem, None, torch.float32)
-        q = tensors.q.transpose(1, 2)
-        k = _repeat_kv(tensors.k.transpose(1, 2), group)
-        v = _repeat_kv(tensors.v.transpose(1, 2), group)
+        f32 = torch.float32  # as in the forward: float32 copies, what torch's CPU math backend computes in
+        q = tensors.q.transpose(1, 2).to(f32)
+        k = _repeat_kv(tensors.k.transpose(1, 2), group).to(f32)
+        v = _repeat_kv(tensors.v.transpose(1, 2), group).to(f32)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            tensors.do.transpose(1, 2), q, k, v, tensors.o.transpose(1, 2), tensors.lse, 0.0,
+            tensors.do.transpose(1, 2).to(f32), q, k, v, tensors.o.transpose(1, 2).to(f32), tensors.lse, 0.0,
             _is_causal(problem, mask), attn_mask=mask, scale=problem.scale,
         )  # fmt: skip
         grads.dq.copy_(dq.transpose(1, 2))

@@ -35,6 +35,9 @@ def test_forward_matches_oracle(case):
 @given(case=strategies.backward_cases("cpu"))
 # pinned: a sequence without keys and without a sink made the backward filter raise
 @example(case=Case(layout="thd", lengths_q=(3, 20), lengths_k=(0, 20), head_dim_qk=16))
+# pinned: torch's CPU flash backward in bf16 missed the rule (fixed by running it on float32 copies)
+@example(case=Case(dtype=torch.bfloat16, batch=3, seqlen_q=9, seqlen_k=2, heads_q=1, heads_kv=1, head_dim_qk=11,
+                   head_dim_v=11, causal=True, scale=1.0, strided=True, seed=1))
 def test_backward_matches_oracle(case):
     catalog.run("backward_matches_oracle", case)
 
