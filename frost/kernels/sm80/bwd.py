@@ -33,13 +33,15 @@ short sequences, but a reduction pass and no determinism).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import SeqlenInfo
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -48,6 +50,33 @@ NUM_THREADS = P.num_threads
 CHECK_HDIM_QK, CHECK_HDIM_V = P.partial_hdim_qk, P.partial_hdim_v
 PACKED = P.layout == "thd"
 STAGES = P.stages_q
+
+
+class BwdTensors(NamedTuple):
+    """The kernel's global tensors (dq_accum None in deterministic mode)."""
+
+    q: cute.Tensor
+    k: cute.Tensor
+    v: cute.Tensor
+    do: cute.Tensor
+    lse2: cute.Tensor
+    d: cute.Tensor
+    dq_accum: cute.Tensor | None
+    dk: cute.Tensor
+    dv: cute.Tensor
+
+
+class BwdSetup(NamedTuple):
+    """What the host builds once for every CTA: shared layouts, global copies, the three MMAs."""
+
+    sQ_layout: cute.ComposedLayout
+    sKV_layout: cute.ComposedLayout
+    sPdS_layout: cute.ComposedLayout
+    gmem_tiled_copy_load: cute.TiledCopy
+    gmem_tiled_copy_store: cute.TiledCopy
+    tiled_mma_sdp: cute.TiledMma
+    tiled_mma_dkv: cute.TiledMma
+    tiled_mma_dq: cute.TiledMma
 
 
 @cute.jit
@@ -93,16 +122,18 @@ def sdpa_bwd(
         num_batch = mK.shape[0]
         num_n_blocks = cute.ceil_div(mK.shape[1], TILE_N)
         heads_kv = mK.shape[2]
-    bwd_kernel(
-        mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK,
-        scale, scale_log2, window_left, window_right,
+    setup = BwdSetup(
         sQ_layout, sKV_layout, sPdS_layout,
         tiles.gmem_load_copy(DTYPE, TILE_HDIM, NUM_THREADS),
         tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
         tiles.tiled_mma(DTYPE, P.num_warps, P.warps_m_sdp),
         tiles.tiled_mma(DTYPE, P.num_warps, P.warps_n_dkv),
         tiles.tiled_mma(DTYPE, P.num_warps, P.warps_m_dq),
-        SharedStorage,
+    )
+    bwd_kernel(
+        BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdK, mdV),
+        SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
+        scale, scale_log2, window_left, window_right, setup, SharedStorage,
     ).launch(
         grid=[num_n_blocks, heads_kv, num_batch],
         block=[NUM_THREADS, 1, 1],
@@ -113,36 +144,21 @@ def sdpa_bwd(
 
 @cute.kernel
 def bwd_kernel(
-    mQ: cute.Tensor,
-    mK: cute.Tensor,
-    mV: cute.Tensor,
-    mdO: cute.Tensor,
-    mLSE2: cute.Tensor,
-    mD: cute.Tensor,
-    mdQaccum: cute.Tensor | None,
-    mdK: cute.Tensor,
-    mdV: cute.Tensor,
-    mCuSeqlensQ: cute.Tensor | None,
-    mCuSeqlensK: cute.Tensor | None,
-    mSeqlensQ: cute.Tensor | None,
-    mSeqlensK: cute.Tensor | None,
+    tensors: BwdTensors,
+    lengths: SeqlenTensors,
     scale: Float32,
     scale_log2: Float32,
     window_left: Int32,
     window_right: Int32,
-    sQ_layout: cute.ComposedLayout,
-    sKV_layout: cute.ComposedLayout,
-    sPdS_layout: cute.ComposedLayout,
-    gmem_tiled_copy_load: cute.TiledCopy,
-    gmem_tiled_copy_store: cute.TiledCopy,
-    tiled_mma_sdp: cute.TiledMma,
-    tiled_mma_dkv: cute.TiledMma,
-    tiled_mma_dq: cute.TiledMma,
+    setup: BwdSetup,
     SharedStorage: cutlass.Constexpr,
 ):
+    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdK, mdV = tensors
+    (sQ_layout, sKV_layout, sPdS_layout, gmem_tiled_copy_load, gmem_tiled_copy_store,
+     tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq) = setup
     tidx, _, _ = cute.arch.thread_idx()
     n_block, head_kv, batch = cute.arch.block_idx()
-    seqlen = SeqlenInfo.create(batch, mQ, mK, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK)
+    seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
     heads_q = mQ.shape[1] if const_expr(PACKED) else mQ.shape[2]
     heads_kv = mK.shape[1] if const_expr(PACKED) else mK.shape[2]
     group = heads_q // heads_kv

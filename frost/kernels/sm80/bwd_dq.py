@@ -21,13 +21,15 @@ backward does about 1.6x the arithmetic of the default one.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import SeqlenInfo
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -35,6 +37,18 @@ TILE_M, TILE_N, TILE_HDIM = P.tile_m, P.tile_n, P.tile_hdim
 NUM_THREADS = P.num_threads
 CHECK_HDIM_QK, CHECK_HDIM_V = P.partial_hdim_qk, P.partial_hdim_v
 PACKED = P.layout == "thd"
+
+
+class BwdDqTensors(NamedTuple):
+    """The kernel's global tensors."""
+
+    q: cute.Tensor
+    k: cute.Tensor
+    v: cute.Tensor
+    do: cute.Tensor
+    lse2: cute.Tensor
+    d: cute.Tensor
+    dq: cute.Tensor
 
 
 @cute.jit
@@ -57,15 +71,14 @@ def sdpa_bwd_dq(
     max_seqlen_q: Int32,
     stream,
 ):
-    sQ_layout = tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM)
-    sKV_layout = tiles.smem_layout(DTYPE, TILE_N, TILE_HDIM)
+    setup = tiles.single_mma_setup(DTYPE, TILE_M, TILE_N, TILE_HDIM, NUM_THREADS, P.num_warps)
 
     @cute.struct
     class SharedStorage:
-        sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
-        sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
-        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sKV_layout)], 1024]
-        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sKV_layout)], 1024]
+        sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sQ_layout)], 1024]
+        sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sQ_layout)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
 
     if const_expr(PACKED):
         num_batch = mCuSeqlensQ.shape[0] - 1
@@ -76,12 +89,9 @@ def sdpa_bwd_dq(
         num_m_blocks = cute.ceil_div(mQ.shape[1], TILE_M)
         num_heads = mQ.shape[2]
     bwd_dq_kernel(
-        mQ, mK, mV, mdO, mLSE2, mD, mdQ, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK,
-        scale, scale_log2, window_left, window_right, sQ_layout, sKV_layout,
-        tiles.gmem_load_copy(DTYPE, TILE_HDIM, NUM_THREADS),
-        tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
-        tiles.tiled_mma(DTYPE, P.num_warps),
-        SharedStorage,
+        BwdDqTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQ),
+        SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
+        scale, scale_log2, window_left, window_right, setup, SharedStorage,
     ).launch(
         grid=[num_m_blocks, num_heads, num_batch],
         block=[NUM_THREADS, 1, 1],
@@ -92,31 +102,20 @@ def sdpa_bwd_dq(
 
 @cute.kernel
 def bwd_dq_kernel(
-    mQ: cute.Tensor,
-    mK: cute.Tensor,
-    mV: cute.Tensor,
-    mdO: cute.Tensor,
-    mLSE2: cute.Tensor,
-    mD: cute.Tensor,
-    mdQ: cute.Tensor,
-    mCuSeqlensQ: cute.Tensor | None,
-    mCuSeqlensK: cute.Tensor | None,
-    mSeqlensQ: cute.Tensor | None,
-    mSeqlensK: cute.Tensor | None,
+    tensors: BwdDqTensors,
+    lengths: SeqlenTensors,
     scale: Float32,
     scale_log2: Float32,
     window_left: Int32,
     window_right: Int32,
-    sQ_layout: cute.ComposedLayout,
-    sKV_layout: cute.ComposedLayout,
-    gmem_tiled_copy_load: cute.TiledCopy,
-    gmem_tiled_copy_store: cute.TiledCopy,
-    tiled_mma: cute.TiledMma,
+    setup: tiles.SingleMmaSetup,
     SharedStorage: cutlass.Constexpr,
 ):
+    mQ, mK, mV, mdO, mLSE2, mD, mdQ = tensors
+    sQ_layout, sKV_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
     tidx, _, _ = cute.arch.thread_idx()
     m_block, head, batch = cute.arch.block_idx()
-    seqlen = SeqlenInfo.create(batch, mQ, mK, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK)
+    seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
     heads_q = mQ.shape[1] if const_expr(PACKED) else mQ.shape[2]
     heads_kv = mK.shape[1] if const_expr(PACKED) else mK.shape[2]
     head_kv = head // (heads_q // heads_kv)

@@ -19,12 +19,14 @@ Packed rows past a sequence belong to the next one and are not written.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
-from frost.kernels.sm80.seqlen import SeqlenInfo
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors
 from frost.kernels.sm80.softmax import LOG2_E
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
@@ -32,6 +34,21 @@ DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
 TILE_M, TILE_HDIM, NUM_THREADS = P.tile_m, P.tile_hdim, P.num_threads
 PACKED = P.layout == "thd"
 THREADS_PER_ROW = 8  # 64-column slab / 8 elements per 16-byte vector
+
+
+class BwdPreTensors(NamedTuple):
+    """The kernel's global tensors: the query side's lengths (None where the call has
+    none; the sink pair None without sinks)."""
+
+    o: cute.Tensor
+    do: cute.Tensor
+    lse: cute.Tensor
+    d: cute.Tensor
+    lse2: cute.Tensor
+    cu_seqlens_q: cute.Tensor | None
+    seqlens_q: cute.Tensor | None
+    sinks: cute.Tensor | None
+    dsink_partial: cute.Tensor | None
 
 
 @cute.jit
@@ -57,27 +74,18 @@ def sdpa_bwd_pre(
         num_m_blocks = cute.ceil_div(mO.shape[1], TILE_M)
         num_heads = mO.shape[2]
     bwd_pre_kernel(
-        mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial,
+        BwdPreTensors(mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial),
         tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
     ).launch(grid=[num_m_blocks, num_heads, num_batch], block=[NUM_THREADS, 1, 1], smem=128, stream=stream)
 
 
 @cute.kernel
-def bwd_pre_kernel(
-    mO: cute.Tensor,
-    mdO: cute.Tensor,
-    mLSE: cute.Tensor,
-    mD: cute.Tensor,
-    mLSE2: cute.Tensor,
-    mCuSeqlensQ: cute.Tensor | None,
-    mSeqlensQ: cute.Tensor | None,
-    mSinks: cute.Tensor | None,
-    mDsinkPartial: cute.Tensor | None,
-    gmem_tiled_copy: cute.TiledCopy,
-):
+def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
+    mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial = tensors
     tidx, _, _ = cute.arch.thread_idx()
     m_block, head, batch = cute.arch.block_idx()
-    seqlen = SeqlenInfo.create(batch, mO, mO, mCuSeqlensQ, mCuSeqlensQ, mSeqlensQ, mSeqlensQ)
+    # keys are not read here: the query side's lengths stand in for them
+    seqlen = SeqlenInfo.create(batch, mO, mO, SeqlenTensors(mCuSeqlensQ, mCuSeqlensQ, mSeqlensQ, mSeqlensQ))
 
     # (TILE_M, TILE_HDIM) tiles of O and dO; read straight into registers
     gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))

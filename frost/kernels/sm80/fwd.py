@@ -46,6 +46,7 @@ already runs at 1.07-1.17x FlashAttention-2 on the H200 (benchmarks/NOTES.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -53,7 +54,7 @@ from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import SeqlenInfo
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors
 from frost.kernels.sm80.softmax import OnlineSoftmax
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
@@ -63,6 +64,17 @@ NUM_THREADS = P.num_threads
 CHECK_HDIM_QK = P.partial_hdim_qk  # columns past head_dim_qk are predicated off and zeroed
 CHECK_HDIM_V = P.partial_hdim_v
 PACKED = P.layout == "thd"
+
+
+class FwdTensors(NamedTuple):
+    """The kernel's global tensors (sinks None without sinks)."""
+
+    q: cute.Tensor
+    k: cute.Tensor
+    v: cute.Tensor
+    o: cute.Tensor
+    lse: cute.Tensor
+    sinks: cute.Tensor | None
 
 
 @cute.jit
@@ -84,14 +96,13 @@ def sdpa_fwd(
     stream,
 ):
     """Host side: build layouts and copies, size the grid, launch."""
-    sQ_layout = tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM)
-    sKV_layout = tiles.smem_layout(DTYPE, TILE_N, TILE_HDIM)
+    setup = tiles.single_mma_setup(DTYPE, TILE_M, TILE_N, TILE_HDIM, NUM_THREADS, P.num_warps)
 
     @cute.struct
     class SharedStorage:
-        sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
-        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sKV_layout)], 1024]
-        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sKV_layout)], 1024]
+        sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sQ_layout)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
 
     if const_expr(PACKED):
         num_batch = mCuSeqlensQ.shape[0] - 1
@@ -106,13 +117,9 @@ def sdpa_fwd(
     else:
         grid = [num_m_blocks, num_heads, num_batch]
     fwd_kernel(
-        mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK, mSinks,
-        scale_log2, window_left, window_right,
-        sQ_layout, sKV_layout,
-        tiles.gmem_load_copy(DTYPE, TILE_HDIM, NUM_THREADS),
-        tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
-        tiles.tiled_mma(DTYPE, P.num_warps),
-        SharedStorage,
+        FwdTensors(mQ, mK, mV, mO, mLSE, mSinks),
+        SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
+        scale_log2, window_left, window_right, setup, SharedStorage,
     ).launch(
         grid=grid,
         block=[NUM_THREADS, 1, 1],
@@ -123,26 +130,16 @@ def sdpa_fwd(
 
 @cute.kernel
 def fwd_kernel(
-    mQ: cute.Tensor,
-    mK: cute.Tensor,
-    mV: cute.Tensor,
-    mO: cute.Tensor,
-    mLSE: cute.Tensor,
-    mCuSeqlensQ: cute.Tensor | None,
-    mCuSeqlensK: cute.Tensor | None,
-    mSeqlensQ: cute.Tensor | None,
-    mSeqlensK: cute.Tensor | None,
-    mSinks: cute.Tensor | None,
+    tensors: FwdTensors,
+    lengths: SeqlenTensors,
     scale_log2: Float32,
     window_left: Int32,
     window_right: Int32,
-    sQ_layout: cute.ComposedLayout,
-    sKV_layout: cute.ComposedLayout,
-    gmem_tiled_copy_load: cute.TiledCopy,
-    gmem_tiled_copy_store: cute.TiledCopy,
-    tiled_mma: cute.TiledMma,
+    setup: tiles.SingleMmaSetup,
     SharedStorage: cutlass.Constexpr,
 ):
+    mQ, mK, mV, mO, mLSE, mSinks = tensors
+    sQ_layout, sKV_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
     tidx, _, _ = cute.arch.thread_idx()
     if const_expr(P.heavy_first):
         # the grid's slowest index walks query blocks from the last (most keys under a causal
@@ -152,7 +149,7 @@ def fwd_kernel(
     else:
         m_block, head, batch = cute.arch.block_idx()
 
-    seqlen = SeqlenInfo.create(batch, mQ, mK, mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK)
+    seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
     heads_q = mQ.shape[1] if const_expr(PACKED) else mQ.shape[2]
     heads_kv = mK.shape[1] if const_expr(PACKED) else mK.shape[2]
     head_kv = head // (heads_q // heads_kv)

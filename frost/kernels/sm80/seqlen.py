@@ -7,10 +7,21 @@ never touches those tensors again.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
+
+
+class SeqlenTensors(NamedTuple):
+    """A kernel's sequence-length inputs, as it receives them: cu_seqlens (packed) or
+    seqlens (dense padding) for queries and keys, None where the call has none."""
+
+    cu_seqlens_q: cute.Tensor | None
+    cu_seqlens_k: cute.Tensor | None
+    seqlens_q: cute.Tensor | None
+    seqlens_k: cute.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -24,24 +35,17 @@ class SeqlenInfo:
     packed: cutlass.Constexpr[bool]
 
     @staticmethod
-    def create(
-        batch: Int32,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mCuSeqlensQ: cute.Tensor | None,
-        mCuSeqlensK: cute.Tensor | None,
-        mSeqlensQ: cute.Tensor | None,
-        mSeqlensK: cute.Tensor | None,
-    ) -> "SeqlenInfo":
-        if const_expr(mCuSeqlensQ is not None):
-            offset_q = mCuSeqlensQ[batch]
-            offset_k = mCuSeqlensK[batch]
-            seqlen_q = mCuSeqlensQ[batch + 1] - offset_q
-            seqlen_k = mCuSeqlensK[batch + 1] - offset_k
+    def create(batch: Int32, mQ: cute.Tensor, mK: cute.Tensor, lengths: SeqlenTensors) -> "SeqlenInfo":
+        if const_expr(lengths.cu_seqlens_q is not None):
+            offset_q = lengths.cu_seqlens_q[batch]
+            offset_k = lengths.cu_seqlens_k[batch]
+            seqlen_q = lengths.cu_seqlens_q[batch + 1] - offset_q
+            seqlen_k = lengths.cu_seqlens_k[batch + 1] - offset_k
             return SeqlenInfo(offset_q, offset_k, seqlen_q, seqlen_k, seqlen_q, seqlen_k, True)
         rows_q, rows_k = mQ.shape[1], mK.shape[1]
-        if const_expr(mSeqlensQ is not None):
-            return SeqlenInfo(Int32(0), Int32(0), mSeqlensQ[batch], mSeqlensK[batch], rows_q, rows_k, False)
+        if const_expr(lengths.seqlens_q is not None):
+            seqlen_q, seqlen_k = lengths.seqlens_q[batch], lengths.seqlens_k[batch]
+            return SeqlenInfo(Int32(0), Int32(0), seqlen_q, seqlen_k, rows_q, rows_k, False)
         return SeqlenInfo(Int32(0), Int32(0), rows_q, rows_k, rows_q, rows_k, False)
 
     def rows_of(self, mX: cute.Tensor, batch, head, offset) -> cute.Tensor:

@@ -15,12 +15,33 @@ predicates; partitions ``t<op><space><tensor>``.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
 COPY_BITS = 128
+
+
+class SingleMmaSetup(NamedTuple):
+    """What a host launcher builds once for every CTA of a kernel with one query tile,
+    streamed key/value tiles and one MMA (the forward, the deterministic dQ pass)."""
+
+    sQ_layout: cute.ComposedLayout
+    sKV_layout: cute.ComposedLayout
+    gmem_tiled_copy_load: cute.TiledCopy
+    gmem_tiled_copy_store: cute.TiledCopy
+    tiled_mma: cute.TiledMma
+
+
+def single_mma_setup(dtype, tile_m: int, tile_n: int, hdim: int, num_threads: int, num_warps: int) -> SingleMmaSetup:
+    return SingleMmaSetup(
+        smem_layout(dtype, tile_m, hdim), smem_layout(dtype, tile_n, hdim),
+        gmem_load_copy(dtype, hdim, num_threads), gmem_store_copy(dtype, hdim, num_threads),
+        tiled_mma(dtype, num_warps),
+    )
 
 
 def smem_layout(dtype, rows: int, hdim: int, stages: int | None = None):
