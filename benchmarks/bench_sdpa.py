@@ -1,12 +1,21 @@
 """Side-by-side attention timings on one GPU: frost's SM80 engines against torch's backends.
 
-    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--out DIR]
+    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants] [--out DIR]
 
-The issue shapes: bf16, batch x seqlen = 16k tokens, hidden 2048 (H = 2048 / D),
-head dims 64 and 128, seqlens 1k / 4k / 8k, causal and not (12 shapes). Each
-time is the median of ``triton.testing.do_bench`` (CUDA events, L2 flushed
-between runs) after warm-up; frost and torch's flash (FlashAttention-2), cuDNN
-and efficient backends are timed in the same process on the same inputs.
+The shapes: bf16, batch x seqlen = 16k tokens, hidden 2048 (H = 2048 / D),
+head dims 64 and 128, seqlens 1k / 4k / 8k, causal and not (12 MHA shapes);
+then GQA/MQA: B2 S4096 Hq32 Hkv8 d128, B2 S4096 Hq8 Hkv1 d128, B4 S2048 Hq8
+Hkv2 d64, causal and not. Each time is the median of ``triton.testing.do_bench``
+(CUDA events, L2 flushed between runs) after warm-up; frost and torch's flash
+(FlashAttention-2), cuDNN and efficient backends are timed in the same process
+on the same inputs. torch's backends get GQA through ``enable_gqa=True``; a
+backend that refuses it gets K and V repeated to Hq heads beforehand (outside
+the timed region), and the row says so. The last line of each table is the
+minimum frost/flash ratio.
+
+``--variants`` adds backward columns for the engine's choices, forced one at a
+time through the plan: ``w1`` (scalar dQ reductions), ``hf_off`` / ``hf_on``
+(launch order), ``nosplit`` (GQA group unsplit).
 
 TFLOP/s = 4*B*H*S^2*D (halved for causal) / time for the forward; the backward
 counts 2.5x the forward's FLOPs. frost is timed through its public API
@@ -35,9 +44,15 @@ TOKENS, HIDDEN = 16384, 2048
 TORCH_BACKENDS = ("flash", "cudnn", "efficient")
 
 
+GQA_SHAPES = ((2, 4096, 32, 8, 128), (2, 4096, 8, 1, 128), (4, 2048, 8, 2, 64))  # B, S, Hq, Hkv, D
+
+
 def shapes():
+    """(B, S, Hq, Hkv, D, causal): the 12 MHA shapes, then the GQA/MQA ones."""
     for d, s, causal in itertools.product((64, 128), (1024, 4096, 8192), (False, True)):
-        yield d, s, causal
+        yield TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal
+    for (b, s, hq, hkv, d), causal in itertools.product(GQA_SHAPES, (False, True)):
+        yield b, s, hq, hkv, d, causal
 
 
 def _bench(fn, reps_ms: int) -> float:
@@ -46,115 +61,151 @@ def _bench(fn, reps_ms: int) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=reps_ms, return_mode="median")
 
 
-def _torch_sdpa(backend: str, q, k, v, causal: bool):
+def _inputs(b, s, hq, hkv, d, grad_out=False):
+    q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return (q, k, v, torch.randn_like(q)) if grad_out else (q, k, v)
+
+
+def _torch_call(backend: str, q, k, v, causal: bool):
+    """(sdpa(q, k, v) -> o in BHSD, note) for one torch backend; K and V repeated when it refuses GQA."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
               "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]  # fmt: skip
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    gqa = qt.shape[1] != kt.shape[1]
 
-    def run():
+    def call(qt, kt, vt, **extra):
         with sdpa_kernel(chosen):
-            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **extra)
 
-    return run
+    if not gqa:
+        return (lambda qt=qt, kt=kt, vt=vt: call(qt, kt, vt)), (qt, kt, vt), ""
+    try:
+        call(qt, kt, vt, enable_gqa=True)
+        return (lambda qt=qt, kt=kt, vt=vt: call(qt, kt, vt, enable_gqa=True)), (qt, kt, vt), ""
+    except RuntimeError:
+        group = qt.shape[1] // kt.shape[1]
+        kr, vr = (x.repeat_interleave(group, dim=1) for x in (kt, vt))
+        return (lambda qt=qt, kr=kr, vr=vr: call(qt, kr, vr)), (qt, kr, vr), f"{backend}: K/V repeated"
 
 
-def forward_row(d: int, s: int, causal: bool, reps_ms: int) -> dict:
-    h, b = HIDDEN // d, TOKENS // s
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    flops = 4 * b * h * s * s * d / (2 if causal else 1)
-    o = torch.empty_like(q)
-    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-    row = {"direction": "fwd", "d": d, "S": s, "B": b, "H": h, "causal": causal}
+def _flops(b, s, hq, d, causal):
+    return 4 * b * hq * s * s * d / (2 if causal else 1)
 
-    def api():
-        frost.sdpa_forward(q, k, v, causal=causal, out=(o, lse))
 
-    problem, tensors = prepare("forward", q, k, v, causal=causal)
+def _plan(direction, q, k, v, **kw):
+    problem, tensors = prepare(direction, q, k, v, **kw)
     decision = dispatch.route(problem)
-    plan = next(e for e in dispatch.engines("forward") if e.name == decision.engine).compile(problem)
+    return decision, next(e for e in dispatch.engines(direction) if e.name == decision.engine), problem, tensors
+
+
+def forward_row(b, s, hq, hkv, d, causal, reps_ms: int) -> dict:
+    q, k, v = _inputs(b, s, hq, hkv, d)
+    flops = _flops(b, s, hq, d, causal)
+    o = torch.empty_like(q)
+    lse = torch.empty(b, hq, s, device="cuda", dtype=torch.float32)
+    row = {"direction": "fwd", "d": d, "S": s, "B": b, "Hq": hq, "Hkv": hkv, "causal": causal, "notes": []}
+    decision, engine, problem, tensors = _plan("forward", q, k, v, causal=causal)
+    plan = engine.compile(problem)
     row["engine"] = decision.engine
-    row["frost"] = flops / _bench(api, reps_ms) / 1e9
+    row["frost"] = flops / _bench(lambda: frost.sdpa_forward(q, k, v, causal=causal, out=(o, lse)), reps_ms) / 1e9
     row["frost_plan"] = flops / _bench(lambda: plan.execute(tensors, out=(o, lse)), reps_ms) / 1e9
     for backend in TORCH_BACKENDS:
         try:
-            row[backend] = flops / _bench(_torch_sdpa(backend, q, k, v, causal), reps_ms) / 1e9
+            run, _, note = _torch_call(backend, q, k, v, causal)
+            row[backend] = flops / _bench(run, reps_ms) / 1e9
+            row["notes"] += [note] if note else []
         except RuntimeError as error:  # a backend that refuses the shape
             row[backend] = float("nan")
-            row[f"{backend}_error"] = str(error).splitlines()[0]
+            row["notes"].append(f"{backend}: {str(error).splitlines()[0][:60]}")
     row["frost/flash"] = row["frost"] / row["flash"]
     return row
 
 
-def backward_row(d: int, s: int, causal: bool, reps_ms: int) -> dict:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    h, b = HIDDEN // d, TOKENS // s
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict:
+    q, k, v, do = _inputs(b, s, hq, hkv, d, grad_out=True)
+    flops = 2.5 * _flops(b, s, hq, d, causal)
     o, lse = frost.sdpa_forward(q, k, v, causal=causal)
     grads = frost.Grads(torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-    row = {"direction": "bwd", "d": d, "S": s, "B": b, "H": h, "causal": causal}
+    row = {"direction": "bwd", "d": d, "S": s, "B": b, "Hq": hq, "Hkv": hkv, "causal": causal, "notes": []}
 
     def api(deterministic=False):
         return lambda: frost.sdpa_backward(do, q, k, v, o, lse, causal=causal, deterministic=deterministic, out=grads)
 
-    problem, tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, causal=causal)
-    decision = dispatch.route(problem)
-    plan = next(e for e in dispatch.engines("backward") if e.name == decision.engine).compile(problem)
+    decision, engine, problem, tensors = _plan("backward", q, k, v, o=o, lse=lse, do=do, causal=causal)
+    plan = engine.compile(problem)
     workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
     row["engine"] = decision.engine
+    row["split"] = getattr(plan, "splits", 1)
     row["frost"] = flops / _bench(api(), reps_ms) / 1e9
     row["frost_plan"] = flops / _bench(lambda: plan.execute(tensors, out=grads, workspace=workspace), reps_ms) / 1e9
     row["frost_det"] = flops / _bench(api(deterministic=True), reps_ms) / 1e9
-    if torch.cuda.get_device_capability() >= (9, 0):  # the dQ-pair reductions under measurement
-        vector_plan = Sm80Backward(vector_dq_atomics=True).compile(problem)
-        vector = lambda: vector_plan.execute(tensors, out=grads, workspace=workspace)
-        row["frost_vec"] = flops / _bench(vector, reps_ms) / 1e9
-    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_(True) for x in (q, k, v))
-    dot = do.transpose(1, 2)
+    if variants and decision.engine == "sdpa_bwd_sm80":
+        forced = {"w1": dict(dq_reduce_width=1), "hf_off": dict(heavy_first=False), "hf_on": dict(heavy_first=True)}
+        if hq != hkv:
+            forced["nosplit"] = dict(split=1)
+        for name, choice in forced.items():
+            variant = Sm80Backward(**choice).compile(problem)
+            space = torch.empty(variant.workspace_bytes, dtype=torch.uint8, device="cuda")
+            row[name] = flops / _bench(lambda: variant.execute(tensors, out=grads, workspace=space), reps_ms) / 1e9
     for backend in TORCH_BACKENDS:
-        chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                  "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]  # fmt: skip
         try:
-            with sdpa_kernel(chosen):
-                out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-            run = lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)
+            sdpa, (qt, kt, vt), note = _torch_call(backend, q, k, v, causal)
+            qt, kt, vt = (x.detach().requires_grad_(True) for x in (qt, kt, vt))
+            out = sdpa(qt, kt, vt)
+            dot = do.transpose(1, 2)
+            run = lambda: torch.autograd.grad(out, (qt, kt, vt), dot, retain_graph=True)  # noqa: E731
             row[backend] = flops / _bench(run, reps_ms) / 1e9
+            row["notes"] += [note] if note else []
         except RuntimeError as error:
             row[backend] = float("nan")
-            row[f"{backend}_error"] = str(error).splitlines()[0]
+            row["notes"].append(f"{backend}: {str(error).splitlines()[0][:60]}")
     row["frost/flash"] = row["frost"] / row["flash"]
-    row["det/default"] = row["frost_det"] / row["frost"]
-    if "frost_vec" in row:
-        row["vec/plan"] = row["frost_vec"] / row["frost_plan"]
+    row["det cost"] = row["frost"] / row["frost_det"]  # deterministic time / default time
     return row
 
 
 def print_table(rows: list[dict]) -> None:
-    extra = ["frost_det", "det/default"] if rows and "frost_det" in rows[0] else []
-    extra += ["frost_vec", "vec/plan"] if rows and "frost_vec" in rows[0] else []
-    cols = ["direction", "d", "S", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS, "frost/flash"]
-    print("| " + " | ".join(cols) + " |")
-    print("|" + "---|" * len(cols))
+    first = rows[0]
+    extra = [c for c in ("split", "frost_det", "det cost", "w1", "hf_off", "hf_on", "nosplit") if c in first]
+    cols = ["direction", "B", "S", "Hq", "Hkv", "d", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS,
+            "frost/flash"]
+    print("| " + " | ".join(cols) + " | notes |")
+    print("|" + "---|" * (len(cols) + 1))
     for r in rows:
-        cells = [f"{r[c]:.3f}" if "/" in c else f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c])
-                 for c in cols]  # fmt: skip
-        print("| " + " | ".join(cells) + " |")
+        cells = [f"{r[c]:.3f}" if c in ("frost/flash", "det cost") else f"{r[c]:.1f}" if isinstance(r.get(c), float)
+                 else str(r.get(c, "")) for c in cols]  # fmt: skip
+        print("| " + " | ".join(cells) + " | " + "; ".join(r["notes"]) + " |")
+    worst = min(rows, key=lambda r: r["frost/flash"])
+    print(f"min frost/flash ({first['direction']}): {worst['frost/flash']:.3f} at B{worst['B']} S{worst['S']} "
+          f"Hq{worst['Hq']}/{worst['Hkv']} d{worst['d']} causal={worst['causal']}")
+    if "det cost" in first:
+        print(f"max det cost ({first['direction']}): {max(r['det cost'] for r in rows):.3f}")
+
+
+def _progress(row: dict) -> dict:
+    """One line per finished row, so a run cut short still leaves its numbers."""
+    shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "notes"}
+    print(json.dumps(shown), flush=True)
+    return row
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--direction", choices=["fwd", "bwd", "both"], default="both")
     parser.add_argument("--reps-ms", type=int, default=200)
+    parser.add_argument("--variants", action="store_true", help="backward: time each engine choice forced")
+    parser.add_argument("--only", default="", help="comma list of shape indices to run (0-based, MHA then GQA)")
     parser.add_argument("--out", default=os.environ.get("OUT", "frost-out/bench"))
     args = parser.parse_args(argv)
+    chosen = [x for i, x in enumerate(shapes()) if not args.only or str(i) in args.only.split(",")]
     tables = []
     if args.direction in ("fwd", "both"):
-        tables.append([forward_row(d, s, causal, args.reps_ms) for d, s, causal in shapes()])
+        tables.append([_progress(forward_row(*shape, args.reps_ms)) for shape in chosen])
     if args.direction in ("bwd", "both"):
-        tables.append([backward_row(d, s, causal, args.reps_ms) for d, s, causal in shapes()])
+        tables.append([_progress(backward_row(*shape, args.reps_ms, args.variants)) for shape in chosen])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench_sdpa.json").write_text(json.dumps([r for t in tables for r in t], indent=1))
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (TFLOP/s; ratio = frost API / torch flash)")

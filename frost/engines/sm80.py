@@ -14,6 +14,7 @@ compiled.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import math
@@ -87,8 +88,14 @@ class Sm80Forward(Engine):
 
 
 class Sm80Backward(Engine):
-    """``vector_dq_atomics=True`` reduces dQ in column pairs (``red.global.add.v2.f32``) on
-    SM90 devices. It is off in the dispatch table until the benchmark shows it helps."""
+    """The backward chain. Per problem and device it chooses (``backward_choices``):
+
+    - the dQ reduce width: 4 floats per reduction (red.global.add.v4.f32) on SM90 devices,
+      1 elsewhere; ``dq_reduce_width`` forces one (2 and 4 need SM90);
+    - the GQA split: the query heads of a group are spread over CTAs when the unsplit grid
+      would be under two waves of the device's SMs (``split`` forces a count; 1 disables);
+    - heavy-first launch order for causal / right-windowed problems (``heavy_first`` forces it).
+    """
 
     name = "sdpa_bwd_sm80"
     family = "sm80"
@@ -96,37 +103,74 @@ class Sm80Backward(Engine):
     native = False
     capabilities = SM80_CAPABILITIES
 
-    def __init__(self, vector_dq_atomics: bool = False):
-        self.vector_dq_atomics = vector_dq_atomics
-
-    def _vector_atomics(self, problem: Problem) -> bool:
-        return (self.vector_dq_atomics and not problem.deterministic and problem.device_type == "cuda"
-                and torch.cuda.get_device_capability(problem.device) >= (9, 0))
+    def __init__(self, dq_reduce_width: int | None = None, split: int | None = None,
+                 heavy_first: bool | None = None):
+        self.dq_reduce_width = dq_reduce_width
+        self.split = split
+        self.heavy_first = heavy_first
 
     def check_support(self, problem: Problem) -> str | None:
         return super().check_support(problem) or sm80_decline(problem)
 
     def compile(self, problem: Problem) -> Plan:
         from frost.kernels.sm80 import compile as sm80_compile
-        from frost.kernels.sm80.config import BwdDqParams, BwdPreParams, bwd_params_for
+        from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdPreParams
 
-        dtype = _DTYPE_NAMES[problem.dtype]
-        main = bwd_params_for(
-            dtype=dtype, head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v, layout=problem.layout,
-            has_seqlens=problem.has_seqlens, window_left=problem.window_left, window_right=problem.window_right,
-            bottom_right=problem.causal_align == "bottom_right", deterministic=problem.deterministic,
-            vector_dq_atomics=self._vector_atomics(problem),
-        )
+        main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first)
         pre = BwdPreParams(
-            dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
+            dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
+            accum_tile_m=0 if problem.deterministic else main.tile_m,
         )
-        dq = BwdDqParams.of(main) if problem.deterministic else None
+        if problem.deterministic:
+            last = BwdDqParams.of(main)
+            compiled_last = sm80_compile.compile_bwd_dq(last)
+        else:
+            last = BwdConvertParams.of(main)
+            compiled_last = sm80_compile.compile_bwd_convert(last)
         return _Sm80BackwardPlan(
-            problem, pre, main, dq,
-            sm80_compile.compile_bwd_pre(pre), sm80_compile.compile_bwd(main),
-            sm80_compile.compile_bwd_dq(dq) if dq is not None else None,
+            problem, splits, (pre, main, last),
+            (sm80_compile.compile_bwd_pre(pre), sm80_compile.compile_bwd(main), compiled_last),
         )
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: str) -> int:
+    return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+
+
+def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
+    """How many CTAs share a GQA group's query heads: the smallest divisor of the group that
+    brings the grid to about two waves (1.9) of ``sm_count`` CTAs, else the whole group."""
+    group = problem.heads_q // problem.heads_kv
+    ctas = math.ceil(problem.seqlen_k / tile_n) * problem.heads_kv * problem.batch
+    for split in range(1, group + 1):
+        if group % split == 0 and ctas * split >= 1.9 * sm_count:
+            return split
+    return group
+
+
+def backward_choices(problem: Problem, dq_reduce_width=None, split=None, heavy_first=None):
+    """The main kernel's params and the GQA split count for a problem (see Sm80Backward)."""
+    from frost.kernels.sm80.config import bwd_params_for
+
+    on_sm90 = problem.device_type == "cuda" and _compute_capability(problem.device) >= (9, 0)
+    if dq_reduce_width is None:
+        dq_reduce_width = 4 if on_sm90 else 1
+    main = bwd_params_for(
+        dtype=_DTYPE_NAMES[problem.dtype], head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v,
+        layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
+        window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
+        deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width,
+    )
+    if split is None:
+        sms = _sm_count(problem.device) if problem.device_type == "cuda" else 132
+        split = group_split(problem, main.tile_n, sms)
+    split = math.gcd(split, problem.heads_q // problem.heads_kv)  # a forced count must divide the group
+    if heavy_first is None:
+        heavy_first = main.has_window_right
+    main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first).validate()
+    return main, split
 
 
 def _vector_aligned(x: torch.Tensor) -> bool:
@@ -143,7 +187,7 @@ class _Sm80ForwardPlan(Plan):
         from frost.kernels.sm80.compile import launch_fwd
 
         p = self.problem
-        o, lse = out if out is not None else allocate_forward(p)
+        o, lse = out if out is not None else _allocate_forward(p)
         # a caller's o with rows the 16-byte stores cannot address goes through a staging copy
         o_kernel = o if _vector_aligned(o) else torch.empty(p.o_shape, dtype=p.dtype, device=o.device)
         launch_fwd(
@@ -159,20 +203,27 @@ class _Sm80ForwardPlan(Plan):
 
 
 class _Workspace:
-    """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32),
-    the fp32 dQ accumulator (default mode), and per-block dsink partials (with sinks)."""
+    """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32);
+    the flat fp32 dQ accumulator (default mode; layout in sm80/seqlen.py); per-block dsink
+    partials (with sinks); fp32 dK / dV partials (split GQA groups)."""
 
     ALIGN = 256
 
-    def __init__(self, problem: Problem, pre_tile_m: int, tile_hdim: int):
+    def __init__(self, problem: Problem, splits: int, pre, main):
         p = problem
         self.parts: list[tuple[str, tuple[int, ...]]] = [("d", p.lse_shape), ("lse2", p.lse_shape)]
         if not p.deterministic:
-            accum = (p.heads_q, p.total_q, tile_hdim) if p.layout == "thd" else (
-                p.batch, p.heads_q, p.seqlen_q, tile_hdim)
+            if p.layout == "thd":
+                accum = (p.heads_q, (p.total_q + p.batch * main.tile_m) * main.tile_hdim)
+            else:
+                accum = (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
             self.parts.append(("dq_accum", accum))
         if p.has_sinks:
-            self.parts.append(("dsink_partial", (p.heads_q, p.batch * math.ceil(p.seqlen_q / pre_tile_m))))
+            self.parts.append(("dsink_partial", (p.heads_q, p.batch * pre.num_m_blocks(p.seqlen_q))))
+        if splits > 1:
+            rows = (p.total_k,) if p.layout == "thd" else (p.batch, p.seqlen_k)
+            for name in ("dk_partial", "dv_partial"):
+                self.parts.append((name, (splits, *rows, p.heads_kv, main.tile_hdim)))
         self.offsets = {}
         offset = 0
         for name, shape in self.parts:
@@ -189,11 +240,12 @@ class _Workspace:
 
 
 class _Sm80BackwardPlan(Plan):
-    def __init__(self, problem: Problem, pre, main, dq, compiled_pre, compiled_main, compiled_dq):
+    def __init__(self, problem: Problem, splits: int, params, compiled):
         super().__init__(problem)
-        self.params = (pre, main, dq)
-        self._pre, self._main, self._dq = compiled_pre, compiled_main, compiled_dq
-        self._workspace = _Workspace(problem, pre.tile_m, main.tile_hdim)
+        self.params = params  # (pre, main, convert or deterministic dq)
+        self.splits = splits
+        self._compiled = compiled
+        self._workspace = _Workspace(problem, splits, params[0], params[1])
 
     @property
     def workspace_bytes(self) -> int:
@@ -203,14 +255,14 @@ class _Sm80BackwardPlan(Plan):
         from frost.kernels.sm80.compile import launch_bwd
 
         p, t = self.problem, tensors
-        grads = Grads(*out) if out is not None else allocate_backward(p, t)
+        grads = Grads(*out) if out is not None else _allocate_grads(p, t)
         if workspace is None:
             workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=t.q.device)
         scratch = self._workspace.carve(workspace)
         staged = [g if _vector_aligned(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device)
                   for g in grads[:3]]
         launch_bwd(
-            self._pre, self._main, self._dq, t, *staged, grads.dsinks, scratch,
+            *self._compiled, t, *staged, grads.dsinks, scratch, splits=self.splits,
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
             max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
         )
@@ -218,6 +270,143 @@ class _Sm80BackwardPlan(Plan):
             if kernel_out is not given:
                 _copy_rows(p.layout, rows, kernel_out, given)
         return grads
+
+
+def _allocate_grads(problem: Problem, tensors: Tensors) -> Grads:
+    """Dense gradients come from torch.empty: the chain writes every element of dq, dk, dv
+    (padded rows as zeros) and dsinks. Packed ones stay zero-filled: rows past
+    cu_seqlens[-1] are never written and must read as zeros (engines/base.py)."""
+    if problem.layout == "thd":
+        return allocate_backward(problem, tensors)
+
+    def empty_like(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+    return Grads(*(empty_like(x) for x in (tensors.q, tensors.k, tensors.v, tensors.bias, tensors.sinks)))
+
+
+def _allocate_forward(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense o and lse from torch.empty: the forward writes every row of both."""
+    if problem.layout == "thd":
+        return allocate_forward(problem)
+    o = torch.empty(problem.o_shape, dtype=problem.dtype, device=problem.device)
+    return o, torch.empty(problem.lse_shape, dtype=torch.float32, device=problem.device)
+
+
+def _vector_aligned(x: torch.Tensor) -> bool:
+    return x.data_ptr() % 16 == 0 and all(s % VECTOR_ELEMENTS == 0 for s in x.stride()[:-1]) and x.stride(-1) == 1
+
+
+class _Sm80ForwardPlan(Plan):
+    def __init__(self, problem: Problem, params, compiled):
+        super().__init__(problem)
+        self.params = params
+        self._compiled = compiled
+
+    def execute(self, tensors: Tensors, *, out=None, workspace=None):
+        from frost.kernels.sm80.compile import launch_fwd
+
+        p = self.problem
+        o, lse = out if out is not None else _allocate_forward(p)
+        # a caller's o with rows the 16-byte stores cannot address goes through a staging copy
+        o_kernel = o if _vector_aligned(o) else torch.empty(p.o_shape, dtype=p.dtype, device=o.device)
+        launch_fwd(
+            self._compiled, tensors.q, tensors.k, tensors.v, o_kernel, lse,
+            scale=p.scale, window_left=p.window_left, window_right=p.window_right,
+            cu_seqlens_q=tensors.cu_seqlens_q, cu_seqlens_k=tensors.cu_seqlens_k,
+            seqlens_q=tensors.seqlens_q, seqlens_k=tensors.seqlens_k, sinks=tensors.sinks,
+            max_seqlen_q=p.seqlen_q,
+        )
+        if o_kernel is not o:
+            _copy_rows(p.layout, tensors.cu_seqlens_q, o_kernel, o)
+        return o, lse
+
+
+class _Workspace:
+    """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32);
+    the flat fp32 dQ accumulator (default mode; layout in sm80/seqlen.py); per-block dsink
+    partials (with sinks); fp32 dK / dV partials (split GQA groups)."""
+
+    ALIGN = 256
+
+    def __init__(self, problem: Problem, splits: int, pre, main):
+        p = problem
+        self.parts: list[tuple[str, tuple[int, ...]]] = [("d", p.lse_shape), ("lse2", p.lse_shape)]
+        if not p.deterministic:
+            if p.layout == "thd":
+                accum = (p.heads_q, (p.total_q + p.batch * main.tile_m) * main.tile_hdim)
+            else:
+                accum = (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
+            self.parts.append(("dq_accum", accum))
+        if p.has_sinks:
+            self.parts.append(("dsink_partial", (p.heads_q, p.batch * pre.num_m_blocks(p.seqlen_q))))
+        if splits > 1:
+            rows = (p.total_k,) if p.layout == "thd" else (p.batch, p.seqlen_k)
+            for name in ("dk_partial", "dv_partial"):
+                self.parts.append((name, (splits, *rows, p.heads_kv, main.tile_hdim)))
+        self.offsets = {}
+        offset = 0
+        for name, shape in self.parts:
+            self.offsets[name] = offset
+            offset += -(-4 * math.prod(shape) // self.ALIGN) * self.ALIGN
+        self.nbytes = offset
+
+    def carve(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        views = {}
+        for name, shape in self.parts:
+            start = self.offsets[name]
+            views[name] = buffer[start : start + 4 * math.prod(shape)].view(torch.float32).view(shape)
+        return views
+
+
+class _Sm80BackwardPlan(Plan):
+    def __init__(self, problem: Problem, splits: int, params, compiled):
+        super().__init__(problem)
+        self.params = params  # (pre, main, convert or deterministic dq)
+        self.splits = splits
+        self._compiled = compiled
+        self._workspace = _Workspace(problem, splits, params[0], params[1])
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self._workspace.nbytes
+
+    def execute(self, tensors: Tensors, *, out=None, workspace=None):
+        from frost.kernels.sm80.compile import launch_bwd
+
+        p, t = self.problem, tensors
+        grads = Grads(*out) if out is not None else _allocate_grads(p, t)
+        if workspace is None:
+            workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=t.q.device)
+        scratch = self._workspace.carve(workspace)
+        staged = [g if _vector_aligned(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device)
+                  for g in grads[:3]]
+        launch_bwd(
+            *self._compiled, t, *staged, grads.dsinks, scratch, splits=self.splits,
+            scale=p.scale, window_left=p.window_left, window_right=p.window_right,
+            max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
+        )
+        for kernel_out, given, rows in zip(staged, grads[:3], (t.cu_seqlens_q, t.cu_seqlens_k, t.cu_seqlens_k)):
+            if kernel_out is not given:
+                _copy_rows(p.layout, rows, kernel_out, given)
+        return grads
+
+
+def _allocate_grads(problem: Problem, tensors: Tensors) -> Grads:
+    """Dense gradients come from torch.empty: the chain writes every element of dq, dk, dv
+    (padded rows as zeros). Packed ones stay zero-filled: rows past cu_seqlens[-1] are never
+    written and must read as zeros (engines/base.py)."""
+    if problem.layout == "thd":
+        return allocate_backward(problem, tensors)
+    grads = allocate_backward_empty(tensors)
+    return grads
+
+
+def allocate_backward_empty(tensors: Tensors) -> Grads:
+    def like(x):
+        return None if x is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+    return Grads(like(tensors.q), like(tensors.k), like(tensors.v), like(tensors.bias), like(tensors.sinks))
 
 
 def _copy_rows(layout: str, cu_seqlens, src: torch.Tensor, dst: torch.Tensor) -> None:

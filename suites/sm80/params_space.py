@@ -1,18 +1,21 @@
 """The params the SM80 engines can produce: every combination their Capabilities rows admit.
 
 Enumerated through the engines' own lowering (``fwd_params_for``,
-``bwd_params_for`` and the backward plan's derived records) over every fact
+``backward_choices`` and the backward plan's derived records) over every fact
 that changes code: dtype, whether each head dim fills its flavor, layout and
-padding, which window sides are bounded, alignment, sinks, deterministic mode.
-Sizes, head counts, token totals and window values are runtime and do not
-multiply it.
+padding, which window sides are bounded, alignment, sinks, deterministic mode,
+and the backward's device and size choices (dQ reduce width 1 on SM80 / 4 on
+SM90, GQA group split or not). Sizes, head counts, token totals and window
+values are runtime and do not multiply it.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 
-from frost.kernels.sm80.config import BwdDqParams, BwdPreParams, FwdParams, bwd_params_for, fwd_params_for
+from frost.kernels.sm80.config import (
+    BwdConvertParams, BwdDqParams, BwdPreParams, FwdParams, bwd_params_for, fwd_params_for,
+)
 
 HEAD_DIMS = {  # (head_dim_qk, head_dim_v) -> which flavor / partial flags they select
     "d64": (64, 64), "d64 partial qk": (48, 64), "d64 partial v": (64, 40), "d64 partial both": (56, 24),
@@ -36,21 +39,24 @@ def admitted_fwd_params() -> list[FwdParams]:
 
 
 def admitted_bwd_params() -> list:
-    """Every params record of every kernel of the backward chain (bwd_pre, bwd, bwd_dq)."""
+    """Every params record of every kernel of the backward chain (bwd_pre, bwd, and bwd_convert
+    or bwd_dq), as ``frost.engines.sm80.backward_choices`` can produce them."""
     seen: dict = {}
-    for dtype, dims, layout, window, bottom_right, sinks, deterministic in itertools.product(
+    for dtype, dims, layout, window, bottom_right, sinks, deterministic, width, split in itertools.product(
         ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True),
-        (False, True), (False, True),
+        (False, True), (False, True), (1, 4), (False, True),
     ):
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
+            dq_reduce_width=width,
         )
+        main = dataclasses.replace(main, split_group=split, heavy_first=main.has_window_right).validate()
         seen[main] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
-                          has_seqlens=layout[1], has_sinks=sinks)] = None
-        if deterministic:
-            seen[BwdDqParams.of(main)] = None
+                          has_seqlens=layout[1], has_sinks=sinks,
+                          accum_tile_m=0 if deterministic else main.tile_m)] = None
+        seen[BwdDqParams.of(main) if deterministic else BwdConvertParams.of(main)] = None
     return list(seen)
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 from frost.engines.sm80 import Sm80Backward  # noqa: E402
 from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
-from frost.kernels.sm80.config import BwdDqParams, BwdParams, BwdPreParams  # noqa: E402
+from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams  # noqa: E402
 from frost.problem import Problem  # noqa: E402
 from suites.sm80.params_space import admitted_bwd_params, covering_subset  # noqa: E402
 
@@ -21,7 +21,7 @@ ALL = admitted_bwd_params()
 SUBSET = covering_subset(ALL)
 SUBSET_SET = set(SUBSET)
 COMPILE = {BwdPreParams: sm80_compile.compile_bwd_pre, BwdParams: sm80_compile.compile_bwd,
-           BwdDqParams: sm80_compile.compile_bwd_dq}  # fmt: skip
+           BwdDqParams: sm80_compile.compile_bwd_dq, BwdConvertParams: sm80_compile.compile_bwd_convert}  # fmt: skip
 
 
 def _id(p) -> str:
@@ -49,9 +49,18 @@ def test_bwd_chain_compiles_every_admitted_combination(params):
 @pytest.mark.L0
 def test_admitted_chain_covers_every_kernel_and_mode():
     kinds = {type(p) for p in ALL}
-    assert kinds == {BwdPreParams, BwdParams, BwdDqParams}
-    assert {p.deterministic for p in ALL if isinstance(p, BwdParams)} == {False, True}
+    assert kinds == {BwdPreParams, BwdParams, BwdDqParams, BwdConvertParams}
+    mains = [p for p in ALL if isinstance(p, BwdParams)]
+    assert {p.deterministic for p in mains} == {False, True}
+    assert {p.dq_reduce_width for p in mains} == {1, 4}
+    assert {p.split_group for p in mains} == {False, True}
+    assert {p.heavy_first for p in mains} == {False, True}
     assert all(p.validate() is p for p in ALL)
+    # every new field of every record is compiled in L0 with each of its values
+    for kind in kinds:
+        for field in dataclasses.fields(kind):
+            values = {getattr(p, field.name) for p in ALL if isinstance(p, kind)}
+            assert values == {getattr(p, field.name) for p in SUBSET if isinstance(p, kind)}, (kind, field.name)
 
 
 def _packed_problem(lengths, head_dim=64, deterministic=False, sinks=False):
@@ -77,7 +86,7 @@ def test_thd_token_totals_and_sequence_counts_reuse_one_chain(deterministic):
     assert second.total_q != first.total_q or second.seqlen_q != first.seqlen_q
     engine.compile(second)
     after = sm80_compile.BWD_CACHE.stats()
-    chain_length = 3 if deterministic else 2
+    chain_length = 3  # bwd_pre, bwd, then bwd_dq (deterministic) or bwd_convert
     assert after.compiles == before.compiles, "a new token total recompiled part of the chain"
     assert after.hits == before.hits + chain_length
     engine.compile(_packed_problem([64, 100, 30], deterministic=deterministic))
@@ -96,12 +105,46 @@ def test_compiled_head_dim_tile_is_the_selected_flavor(head_dim, flavor, tile):
 
 
 @pytest.mark.L0
-def test_vector_dq_atomics_compile_for_sm90_and_refuse_the_deterministic_mode(monkeypatch):
-    """The SM90 variant (red.global.add.v2.f32 on dQ pairs) traces and compiles for sm_90;
-    with deterministic=True there are no atomics and the record says so."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90")
+def test_wide_dq_reductions_compile_for_sm90_and_refuse_the_deterministic_mode():
+    """dq_reduce_width 4 (red.global.add.v4.f32) compiles for sm_90 whatever CUTE_DSL_ARCH says
+    (the record raises its own target); with deterministic=True there are no reductions."""
     default = next(p for p in SUBSET if isinstance(p, BwdParams) and not p.deterministic)
-    assert sm80_compile.compile_bwd(dataclasses.replace(default, vector_dq_atomics=True)) is not None
-    with pytest.raises(ValueError, match="no dQ atomics"):
-        dataclasses.replace(default, deterministic=True, vector_dq_atomics=True).validate()
+    wide = dataclasses.replace(default, dq_reduce_width=4)
+    assert wide.target_arch == "sm_90" and default.target_arch == "sm_80"
+    assert sm80_compile.compile_bwd(wide) is not None
+    with pytest.raises(ValueError, match="no dQ reductions"):
+        dataclasses.replace(default, deterministic=True, dq_reduce_width=4).validate()
+    with pytest.raises(ValueError, match="dq_reduce_width"):
+        dataclasses.replace(default, dq_reduce_width=3).validate()
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("heads, lengths, sms, want", [
+    ((32, 8), (4096,) * 2, 132, 1),   # 32 key blocks x 8 kv heads x 2 = 512 CTAs: already ~4 waves
+    ((8, 1), (4096,) * 2, 132, 4),    # MQA: 64 CTAs -> 4 of the group's 8 heads per split
+    ((8, 2), (2048,) * 4, 132, 2),
+    ((8, 8), (128,), 132, 1),         # MHA never splits
+    ((6, 1), (128,), 132, 6),         # under two waves even fully split: the whole group
+])
+def test_group_split_reaches_two_waves(heads, lengths, sms, want):
+    from frost.engines.sm80 import group_split
+
+    b, s = len(lengths), lengths[0]
+    q = torch.randn(b, s, heads[0], 64, dtype=torch.bfloat16)
+    k = torch.randn(b, s, heads[1], 64, dtype=torch.bfloat16)
+    problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(b, heads[0], s), do=q, causal=True)
+    assert group_split(problem, 128, sms) == want
+
+
+@pytest.mark.L0
+def test_split_plan_reports_the_partials_in_its_workspace():
+    """A split plan carries the split count and sizes fp32 dK / dV partials (one per split) in its
+    workspace; unsplit, none."""
+    q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 1, 64, dtype=torch.bfloat16)
+    problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True)
+    split = Sm80Backward(split=4).compile(problem)
+    whole = Sm80Backward(split=1).compile(problem)
+    assert split.splits == 4 and split.params[1].split_group and not whole.params[1].split_group
+    partials = 2 * 4 * (2 * 300 * 1 * 64) * 4
+    assert split.workspace_bytes - whole.workspace_bytes >= partials

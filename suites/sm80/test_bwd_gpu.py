@@ -56,19 +56,56 @@ def test_bwd_sm80_deterministic_mode_matches_oracle(feature):
     _assert_sm80(_case(feature, torch.bfloat16, (128, 128), deterministic=True))
 
 
+def _engine():
+    from frost import dispatch
+
+    return next(e for e in dispatch.engines(DIRECTION) if e.name == ENGINE)
+
+
 @pytest.mark.L0
 @pytest.mark.parametrize("feature, dtype, dims", L0_CASES, ids=lambda x: str(x))
-def test_bwd_sm80_vector_dq_atomics_match_oracle(feature, dtype, dims, monkeypatch):
-    """The SM90 variant (dQ reduced in column pairs), switched on in the dispatch table's engine."""
-    from frost import dispatch
+def test_bwd_sm80_other_dq_reduce_width_matches_oracle(feature, dtype, dims, monkeypatch):
+    """The dQ reduce width the dispatch does not pick on this device (1 on SM90, where 4 is the
+    default; on SM80 devices 1 is the only one and the default grid covers it)."""
     from frost.kernels.sm80 import compile as sm80_compile
 
     if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("red.global.add.v2.f32 needs an SM90 device")
-    engine = next(e for e in dispatch.engines(DIRECTION) if e.name == ENGINE)
-    monkeypatch.setattr(engine, "vector_dq_atomics", True)
+        pytest.skip("SM80 devices reduce dQ one float at a time only: the default grid covers it")
+    monkeypatch.setattr(_engine(), "dq_reduce_width", 1)
     _assert_sm80(_case(feature, dtype, dims))
-    assert any(getattr(key[1], "vector_dq_atomics", False) for key in sm80_compile.BWD_CACHE.keys())
+    assert any(getattr(key[1], "dq_reduce_width", 0) == 1 and not key[1].deterministic
+               for key in sm80_compile.BWD_CACHE.keys())
+
+
+SPLIT_CASES = {  # GQA / MQA problems with the group forced into splits
+    "gqa_dense": dict(heads_q=8, heads_kv=2, causal=True),
+    "mqa_window": dict(heads_q=6, heads_kv=1, window=(50, 0), seqlen_q=260, seqlen_k=300),
+    "gqa_padding": dict(heads_q=8, heads_kv=2, lengths_q=(257, 0), lengths_k=(190, 260)),
+    "gqa_thd": dict(layout="thd", lengths_q=(200, 1, 0, 130), lengths_k=(200, 2, 9, 150), causal=True,
+                    heads_q=8, heads_kv=2, tail_q=3, tail_k=2),
+    "mqa_thd_sinks": dict(layout="thd", lengths_q=(70, 300), lengths_k=(150, 90), window=(20, 3),
+                          causal_align="bottom_right", sinks=True, heads_q=4, heads_kv=1),
+}
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_bwd_sm80_split_group_matches_oracle(name, deterministic, monkeypatch):
+    heads_q, heads_kv = SPLIT_CASES[name]["heads_q"], SPLIT_CASES[name]["heads_kv"]
+    monkeypatch.setattr(_engine(), "split", heads_q // heads_kv // (1 if heads_q // heads_kv == 2 else 2))
+    dims = (64, 64) if deterministic else (128, 128)
+    case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, head_dim_qk=dims[0], head_dim_v=dims[1],
+                               deterministic=deterministic, **SPLIT_CASES[name])
+    _assert_sm80(case)
+    assert any(getattr(key[1], "split_group", False) and key[1].deterministic == deterministic
+               for key in _bwd_cache_keys()), "no split record was compiled"
+
+
+def _bwd_cache_keys():
+    from frost.kernels.sm80 import compile as sm80_compile
+
+    return sm80_compile.BWD_CACHE.keys()
 
 
 @pytest.mark.L1
@@ -101,12 +138,15 @@ DETERMINISM_CASES = {
     "window": dict(window=(100, 20), seqlen_q=777, seqlen_k=900, causal_align="bottom_right"),
     "gqa": dict(heads_q=8, heads_kv=2, seqlen_q=600, seqlen_k=600),
     "thd": dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(500, 9, 4, 300), causal=True, tail_q=4),
+    "gqa_split": dict(heads_q=8, heads_kv=1, seqlen_q=600, seqlen_k=600, causal=True),
 }
 
 
 @pytest.mark.L0
 @pytest.mark.parametrize("name", list(DETERMINISM_CASES))
-def test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs(name):
+def test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs(name, monkeypatch):
+    if name == "gqa_split":
+        monkeypatch.setattr(_engine(), "split", 4)
     case = dataclasses.replace(gpu_cases.BASE, deterministic=True, **DETERMINISM_CASES[name])
     inputs = make_inputs(case)
     o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
@@ -116,6 +156,8 @@ def test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs(name):
         again, _ = run_backward(inputs, o, lse, deterministic=True)
         for name_, a, b in zip(("dq", "dk", "dv"), first, again):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name_} differs between runs"
+    if name == "gqa_split":
+        assert any(getattr(key[1], "split_group", False) and key[1].deterministic for key in _bwd_cache_keys())
 
 
 @pytest.mark.L0

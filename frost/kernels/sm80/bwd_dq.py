@@ -27,9 +27,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from frost.kernels.sm80 import tiles
+from frost.kernels.sm80 import recompute, tiles
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of, launch_extents
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -80,14 +80,7 @@ def sdpa_bwd_dq(
         sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
         sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
 
-    if const_expr(PACKED):
-        num_batch = mCuSeqlensQ.shape[0] - 1
-        num_m_blocks = cute.ceil_div(max_seqlen_q, TILE_M)
-        num_heads = mQ.shape[1]
-    else:
-        num_batch = mQ.shape[0]
-        num_m_blocks = cute.ceil_div(mQ.shape[1], TILE_M)
-        num_heads = mQ.shape[2]
+    num_m_blocks, num_heads, num_batch = launch_extents(mQ, mCuSeqlensQ, max_seqlen_q, TILE_M, PACKED)
     bwd_dq_kernel(
         BwdDqTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQ),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
@@ -116,15 +109,8 @@ def bwd_dq_kernel(
     tidx, _, _ = cute.arch.thread_idx()
     m_block, head, batch = cute.arch.block_idx()
     seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
-    heads_q = mQ.shape[1] if const_expr(PACKED) else mQ.shape[2]
-    heads_kv = mK.shape[1] if const_expr(PACKED) else mK.shape[2]
-    head_kv = head // (heads_q // heads_kv)
-    mask = AttentionMask(
-        TILE_M, TILE_N, P.has_window_left, P.has_window_right, True,
-        seqlen.seqlen_q, seqlen.seqlen_k,
-        seqlen.seqlen_k - seqlen.seqlen_q if const_expr(P.bottom_right) else Int32(0),
-        window_left, window_right,
-    )
+    head_kv = head // (heads_of(mQ, PACKED) // heads_of(mK, PACKED))
+    mask = AttentionMask.for_sequence(TILE_M, TILE_N, P, seqlen, window_left, window_right, True)
     n_block_min, n_block_max = mask.n_block_range(m_block)
 
     storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -193,38 +179,18 @@ def bwd_dq_kernel(
 
     gLSE2 = cute.local_tile(seqlen.lse_row(mLSE2, batch, head), (TILE_M,), (m_block,))
     gD = cute.local_tile(seqlen.lse_row(mD, batch, head), (TILE_M,), (m_block,))
-    row_lse2 = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
-    row_d = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
-    for r in cutlass.range_constexpr(cute.size(row_lse2)):
-        row = tScS_mn[r, 0][0]
-        row_lse2[r] = Float32.inf
-        row_d[r] = 0.0
-        if row < rows_left:
-            row_lse2[r] = gLSE2[row]
-            row_d[r] = gD[row]
+    row_lse2, row_d = recompute.row_stats(gLSE2, gD, tScS_mn, rows_left)
+    score_operands = recompute.ScoreOperands(tiled_mma, tSrQ, tSrK, tSsQ, tSsK, tdPrdO, tdPrV, tdPsdO, tdPsV,
+                                             copy_A, copy_B)
 
     # ---- key blocks in increasing order: the fixed summation order of dQ -------------
     for n_block in cutlass.range(n_block_min, n_block_max, unroll=1):
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
-        acc_S = cute.make_rmem_tensor(acc_shape_S, Float32)
-        acc_S.fill(0.0)
-        tiles.gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, copy_A, copy_B)
-        if mask.needs_mask(m_block, n_block):
-            mask.apply(acc_S, tScS, t0ScS, m_block, n_block)
-        acc_S_mn = tiles.acc_mn_view(acc_S)
-        for r in cutlass.range_constexpr(cute.size(row_lse2)):
-            acc_S_mn[r, None].store(
-                cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - row_lse2[r], fastmath=True)
-            )
-        acc_dP = cute.make_rmem_tensor(acc_shape_S, Float32)
-        acc_dP.fill(0.0)
-        tiles.gemm_ss(tiled_mma, acc_dP, tdPrdO, tdPrV, tdPsdO, tdPsV, copy_A, copy_B)
-        acc_dP_mn = tiles.acc_mn_view(acc_dP)
-        for r in cutlass.range_constexpr(cute.size(row_d)):
-            acc_dP_mn[r, None].store(acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - row_d[r]))
-        rdS = cute.make_fragment_like(acc_dP, DTYPE)
-        rdS.store(acc_dP.load().to(DTYPE))
+        _, acc_dS = recompute.probabilities_and_ds(score_operands, acc_shape_S, mask, m_block, n_block, tScS, t0ScS,
+                                                   row_lse2, row_d, scale_log2)
+        rdS = cute.make_fragment_like(acc_dS, DTYPE)
+        rdS.store(acc_dS.load().to(DTYPE))
 
         cute.arch.barrier()  # sV is free
         if n_block + 1 < n_block_max:
@@ -238,28 +204,13 @@ def bwd_dq_kernel(
 
     # ---- epilogue: dQ through shared memory (sQ reused) to global --------------------
     acc_dQ.store(acc_dQ.load() * scale)
-    rdQ = cute.make_fragment_like(acc_dQ, DTYPE)
-    rdQ.store(acc_dQ.load().to(DTYPE))
     cute.arch.cp_async_wait_group(0)
     cute.arch.barrier()
-    r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), DTYPE), tiled_mma).get_slice(tidx)
-    cute.copy(r2s, r2s.retile(rdQ), r2s.partition_D(sQ))
+    tiles.stash_acc(tiled_mma, tidx, acc_dQ, sQ, DTYPE)
     cute.arch.barrier()
-    thr_store = gmem_tiled_copy_store.get_slice(tidx)
     gdQ = cute.local_tile(seqlen.q_rows(mdQ, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
-    tXsX = thr_store.partition_S(sQ)
-    tXgX = thr_store.partition_D(gdQ)
-    tXcX = thr_store.partition_D(cute.make_identity_tensor((TILE_M, TILE_HDIM)))
-    tXpX = tiles.hdim_predicate(tXcX, head_dim_qk)
-    tXrX = cute.make_fragment_like(tXgX, DTYPE)
-    cute.autovec_copy(tXsX, tXrX)
-    written_rows = seqlen.rows_q - m_block * TILE_M
-    for m in cutlass.range_constexpr(cute.size(tXrX.shape[1])):
-        if tXcX[0, m, 0][0] < written_rows:
-            if const_expr(CHECK_HDIM_QK):
-                cute.copy(gmem_tiled_copy_store, tXrX[None, m, None], tXgX[None, m, None], pred=tXpX[None, m, None])
-            else:
-                cute.copy(gmem_tiled_copy_store, tXrX[None, m, None], tXgX[None, m, None])
+    tiles.store_rows(gmem_tiled_copy_store, tidx, sQ, gdQ, seqlen.rows_q - m_block * TILE_M, head_dim_qk,
+                     CHECK_HDIM_QK)
 
 
 @cute.jit

@@ -16,6 +16,12 @@ dense, [H, T] packed):
   (torch, over the last dim) is deterministic.
 
 Packed rows past a sequence belong to the next one and are not written.
+
+With ``accum_tile_m`` (the default mode) it also zeroes the flat dQ
+accumulator that ``sm80/bwd`` reduces into (layout: ``seqlen.py``): CTA m
+zeroes floats ``[m, m + 1) * tile_m * tile_hdim`` of its (sequence, head)
+slab, coalesced, and the grid covers whole accumulator chunks
+(``BwdPreParams.num_m_blocks``), so no separate memset runs.
 """
 from __future__ import annotations
 
@@ -26,13 +32,14 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors
+from frost.kernels.sm80.seqlen import SeqlenInfo, launch_extents, SeqlenTensors
 from frost.kernels.sm80.softmax import LOG2_E
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
 TILE_M, TILE_HDIM, NUM_THREADS = P.tile_m, P.tile_hdim, P.num_threads
 PACKED = P.layout == "thd"
+ACCUM_TILE_M = P.accum_tile_m
 THREADS_PER_ROW = 8  # 64-column slab / 8 elements per 16-byte vector
 
 
@@ -49,6 +56,7 @@ class BwdPreTensors(NamedTuple):
     seqlens_q: cute.Tensor | None
     sinks: cute.Tensor | None
     dsink_partial: cute.Tensor | None
+    dq_accum: cute.Tensor | None
 
 
 @cute.jit
@@ -62,30 +70,28 @@ def sdpa_bwd_pre(
     mSeqlensQ: cute.Tensor | None,
     mSinks: cute.Tensor | None,
     mDsinkPartial: cute.Tensor | None,
+    mdQaccum: cute.Tensor | None,
     max_seqlen_q: Int32,
     stream,
 ):
-    if const_expr(PACKED):
-        num_batch = mCuSeqlensQ.shape[0] - 1
-        num_m_blocks = cute.ceil_div(max_seqlen_q, TILE_M)
-        num_heads = mO.shape[1]
-    else:
-        num_batch = mO.shape[0]
-        num_m_blocks = cute.ceil_div(mO.shape[1], TILE_M)
-        num_heads = mO.shape[2]
+    extent_tile = ACCUM_TILE_M if const_expr(ACCUM_TILE_M > 0) else TILE_M
+    num_chunks, num_heads, num_batch = launch_extents(mO, mCuSeqlensQ, max_seqlen_q, extent_tile, PACKED)
+    num_m_blocks = num_chunks * (extent_tile // TILE_M)
     bwd_pre_kernel(
-        BwdPreTensors(mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial),
+        BwdPreTensors(mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum),
         tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
     ).launch(grid=[num_m_blocks, num_heads, num_batch], block=[NUM_THREADS, 1, 1], smem=128, stream=stream)
 
 
 @cute.kernel
 def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
-    mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial = tensors
+    mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum = tensors
     tidx, _, _ = cute.arch.thread_idx()
     m_block, head, batch = cute.arch.block_idx()
     # keys are not read here: the query side's lengths stand in for them
     seqlen = SeqlenInfo.create(batch, mO, mO, SeqlenTensors(mCuSeqlensQ, mCuSeqlensQ, mSeqlensQ, mSeqlensQ))
+    if const_expr(ACCUM_TILE_M > 0):
+        zero_accum_rows(mdQaccum, seqlen, batch, head, m_block, tidx)
 
     # (TILE_M, TILE_HDIM) tiles of O and dO; read straight into registers
     gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
@@ -143,3 +149,15 @@ def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
             for w in cutlass.range_constexpr(P.num_warps):
                 total = total + s_warp[w]
             mDsinkPartial[head, batch * cute.arch.grid_dim()[0] + m_block] = total
+
+
+@cute.jit
+def zero_accum_rows(mdQaccum: cute.Tensor, seqlen: SeqlenInfo, batch, head, m_block, tidx):
+    """Zero rows [m_block, m_block + 1) * TILE_M of the (sequence, head) slab of the dQ accumulator,
+    as far as its chunks reach: a warp's stores cover 32 consecutive floats."""
+    slab = seqlen.dq_accum_slab(mdQaccum, batch, head, ACCUM_TILE_M, TILE_HDIM)
+    slab_rows = cute.ceil_div(seqlen.rows_q, ACCUM_TILE_M) * ACCUM_TILE_M
+    if m_block * TILE_M < slab_rows:
+        part = cute.local_tile(slab, (TILE_M * TILE_HDIM,), (m_block,))
+        for i in cutlass.range_constexpr(TILE_M * TILE_HDIM // NUM_THREADS):
+            part[i * NUM_THREADS + tidx] = Float32(0.0)

@@ -21,12 +21,12 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
-from frost.kernels.sm80.config import BwdDqParams, BwdParams, BwdPreParams, FwdParams
+from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams, FwdParams
 from frost.kernels.template import compile_cache, load_template
 
 FWD_TEMPLATE = "sm80/fwd"
 FWD_CACHE = compile_cache("sm80_fwd")
-BWD_TEMPLATES = ("sm80/bwd_pre", "sm80/bwd", "sm80/bwd_dq")
+BWD_TEMPLATES = ("sm80/bwd_pre", "sm80/bwd", "sm80/bwd_dq", "sm80/bwd_convert")
 BWD_CACHE = compile_cache("sm80_bwd")  # every kernel of the backward chain
 _DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 _VECTOR = 8  # elements per 16-byte vector
@@ -81,13 +81,12 @@ def _build_fwd(params: FwdParams):
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
     sinks = fake_vector(Float32) if params.has_sinks else None
-    with _arch_for_compile():
-        return cute.compile(
-            module.sdpa_fwd, q, k, v, o, lse, cu_q, cu_k, seqlens_q, seqlens_k, sinks,
-            Float32(1.0), Int32(-1), Int32(-1), Int32(0),
-            make_fake_stream(use_tvm_ffi_env_stream=True),
-            options="--enable-tvm-ffi",
-        )
+    return cute.compile(
+        module.sdpa_fwd, q, k, v, o, lse, cu_q, cu_k, seqlens_q, seqlens_k, sinks,
+        Float32(1.0), Int32(-1), Int32(-1), Int32(0),
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=_options(),
+    )
 
 
 def _head_dim(partial: bool, tile: int):
@@ -115,16 +114,23 @@ def _build_bwd_pre(params: BwdPreParams):
         make_fake_tensor(Float32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1), assumed_align=4)
         if params.has_sinks else None
     )
-    with _arch_for_compile():
-        return cute.compile(
-            module.sdpa_bwd_pre, o, do, lse, d, lse2, cu_q, seqlens_q, sinks, partial, Int32(0),
-            make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi",
-        )
+    dq_accum = fake_dq_accum(packed) if params.accum_tile_m else None
+    return cute.compile(
+        module.sdpa_bwd_pre, o, do, lse, d, lse2, cu_q, seqlens_q, sinks, partial, dq_accum, Int32(0),
+        make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(),
+    )
 
 
-def fake_dq_accum(packed: bool, tile_hdim: int):
-    """fp32 dQ accumulator: (B, H, S, tile_hdim) dense, (H, T, tile_hdim) packed, compact."""
-    rank = 3 if packed else 4
+def fake_dq_accum(packed: bool):
+    """The flat fp32 dQ accumulator (layout: sm80/seqlen.py): (B, H, slab) dense, (H, slab) packed."""
+    rank = 2 if packed else 3
+    shape = tuple(cute.sym_int() for _ in range(rank))
+    return make_fake_compact_tensor(Float32, shape, stride_order=tuple(reversed(range(rank))), assumed_align=16)
+
+
+def fake_partials(packed: bool, tile_hdim: int):
+    """fp32 dK / dV partials of a split GQA group: (splits, B, S, H, tile_hdim) / (splits, T, H, tile_hdim)."""
+    rank = 4 if packed else 5
     shape = tuple(cute.sym_int() for _ in range(rank - 1)) + (tile_hdim,)
     return make_fake_compact_tensor(Float32, shape, stride_order=tuple(reversed(range(rank))), assumed_align=16)
 
@@ -140,20 +146,23 @@ def _build_bwd(params: BwdParams):
     packed = params.layout == "thd"
     dim_qk = _head_dim(params.partial_hdim_qk, params.tile_hdim)
     dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim)
-    q, k, dk = (fake_rows_tensor(dtype, packed, dim_qk) for _ in range(3))
-    v, do, dv = (fake_rows_tensor(dtype, packed, dim_v) for _ in range(3))
+    q, k = (fake_rows_tensor(dtype, packed, dim_qk) for _ in range(2))
+    v, do = (fake_rows_tensor(dtype, packed, dim_v) for _ in range(2))
+    if params.split_group:
+        dk, dv = fake_partials(packed, params.tile_hdim), fake_partials(packed, params.tile_hdim)
+    else:
+        dk, dv = fake_rows_tensor(dtype, packed, dim_qk), fake_rows_tensor(dtype, packed, dim_v)
     lse2, d = fake_lse_tensor(packed), fake_lse_tensor(packed)
-    dq_accum = None if params.deterministic else fake_dq_accum(packed, params.tile_hdim)
+    dq_accum = None if params.deterministic else fake_dq_accum(packed)
     cu_q = fake_vector(Int32) if packed else None
     cu_k = fake_vector(Int32) if packed else None
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
-    with _arch_for_compile("sm_90" if params.vector_dq_atomics else "sm_80"):
-        return cute.compile(
-            module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, dk, dv, cu_q, cu_k, seqlens_q, seqlens_k,
-            Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0),
-            make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi",
-        )
+    return cute.compile(
+        module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, dk, dv, cu_q, cu_k, seqlens_q, seqlens_k,
+        Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0), Int32(1),
+        make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(params.target_arch),
+    )
 
 
 def compile_bwd_dq(params: BwdDqParams):
@@ -174,34 +183,42 @@ def _build_bwd_dq(params: BwdDqParams):
     cu_k = fake_vector(Int32) if packed else None
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
-    with _arch_for_compile():
-        return cute.compile(
-            module.sdpa_bwd_dq, q, k, v, do, lse2, d, dq, cu_q, cu_k, seqlens_q, seqlens_k,
-            Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0),
-            make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi",
-        )
+    return cute.compile(
+        module.sdpa_bwd_dq, q, k, v, do, lse2, d, dq, cu_q, cu_k, seqlens_q, seqlens_k,
+        Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0),
+        make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(),
+    )
 
 
-class _arch_for_compile:
-    """Without a GPU the DSL needs CUTE_DSL_ARCH to pick a target; default it to ``arch``
-    (sm_80, or sm_90 for code that uses SM90 instructions).
+def compile_bwd_convert(params: BwdConvertParams):
+    params.validate()
+    return BWD_CACHE.get_or_compile((BWD_TEMPLATES[3], params), lambda: _build_bwd_convert(params))
 
-    With a GPU present the DSL targets the device it finds, which is what we
-    want there (sm_90 runs this SM80 code natively).
+
+def _build_bwd_convert(params: BwdConvertParams):
+    module = load_template(BWD_TEMPLATES[3], params)
+    packed = params.layout == "thd"
+    dq = fake_rows_tensor(_DTYPES[params.dtype], packed, _head_dim(params.partial_hdim_qk, params.tile_hdim))
+    cu_q = fake_vector(Int32) if packed else None
+    return cute.compile(
+        module.sdpa_bwd_convert, fake_dq_accum(packed), dq, cu_q, Float32(1.0), Int32(0),
+        make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(),
+    )
+
+
+def _options(min_arch: str = "sm_80") -> str:
+    """cute.compile options: the TVM FFI calling convention, and the target architecture.
+
+    With a GPU present the DSL targets the device it finds (sm_90 runs this SM80 code
+    natively), which is what we want there. Without one it needs a target: CUTE_DSL_ARCH
+    when set, else sm_80, raised to ``min_arch`` for code that uses newer instructions.
     """
-
-    def __init__(self, arch: str = "sm_80"):
-        self.arch = arch
-
-    def __enter__(self):
-        self._set = False
-        if "CUTE_DSL_ARCH" not in os.environ and not _has_cuda():
-            os.environ["CUTE_DSL_ARCH"] = self.arch
-            self._set = True
-
-    def __exit__(self, *exc):
-        if self._set:
-            os.environ.pop("CUTE_DSL_ARCH", None)
+    if _has_cuda():
+        return "--enable-tvm-ffi"
+    arch = os.environ.get("CUTE_DSL_ARCH") or "sm_80"
+    if int(min_arch.removeprefix("sm_").rstrip("a")) > int(arch.removeprefix("sm_").rstrip("a")):
+        arch = min_arch
+    return f"--enable-tvm-ffi --gpu-arch {arch}"
 
 
 def _has_cuda() -> bool:
@@ -222,34 +239,32 @@ def launch_fwd(compiled, q, k, v, o, lse, *, scale: float, window_left: int, win
              scale * LOG2_E, window_left, window_right, max_seqlen_q)
 
 
-def launch_bwd(compiled_pre, compiled_main, compiled_dq, t, dq, dk, dv, dsinks, scratch, *,
+def launch_bwd(compiled_pre, compiled_main, compiled_last, t, dq, dk, dv, dsinks, scratch, *, splits: int,
                scale: float, window_left: int, window_right: int, max_seqlen_q: int, max_seqlen_k: int) -> None:
     """Run the backward chain on torch tensors (current stream).
 
-    ``t`` is the call's frost.problem.Tensors; ``scratch`` the carved workspace
-    (d, lse2, and dq_accum unless deterministic, dsink_partial with sinks).
-    Default mode: bwd_pre, zero the accumulator, bwd (dK, dV, scaled dQ atomics),
-    then one strided copy of the accumulator into dq. Deterministic:
-    bwd_pre, bwd (dK, dV only), bwd_dq (dq directly).
+    ``t`` is the call's frost.problem.Tensors; ``scratch`` the carved workspace (d, lse2;
+    dq_accum unless deterministic; dsink_partial with sinks; dk_partial, dv_partial when
+    ``splits`` > 1). Default mode: bwd_pre (which also zeroes the accumulator), bwd (dK, dV,
+    dQ reductions), bwd_convert (dq). Deterministic: bwd_pre, bwd (dK, dV only), bwd_dq.
+    Split GQA groups: the fp32 partials are summed in split order into dk, dv.
     """
-    seqlens_q, seqlens_k = t.seqlens_q, t.seqlens_k
-    compiled_pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, seqlens_q, t.sinks,
-                 scratch.get("dsink_partial"), max_seqlen_q)
     accum = scratch.get("dq_accum")
-    if accum is not None:
-        accum.zero_()
-    compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, dk, dv,
-                  t.cu_seqlens_q, t.cu_seqlens_k, seqlens_q, seqlens_k,
-                  scale, scale * LOG2_E, window_left, window_right, max_seqlen_k)
+    compiled_pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
+                 scratch.get("dsink_partial"), accum, max_seqlen_q)
+    dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if splits > 1 else (dk, dv)
+    compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, dk_out, dv_out,
+                  t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
+                  scale, scale * LOG2_E, window_left, window_right, max_seqlen_k, splits)
     if accum is None:
-        compiled_dq(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], dq, t.cu_seqlens_q, t.cu_seqlens_k,
-                    seqlens_q, seqlens_k, scale, scale * LOG2_E, window_left, window_right, max_seqlen_q)
+        compiled_last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], dq, t.cu_seqlens_q, t.cu_seqlens_k,
+                      t.seqlens_q, t.seqlens_k, scale, scale * LOG2_E, window_left, window_right, max_seqlen_q)
     else:
-        head_dim = dq.shape[-1]
-        if t.cu_seqlens_q is not None:  # (H, T, D) -> (T, H, D); rows past cu_seqlens_q[-1] untouched
-            end = int(t.cu_seqlens_q[-1])
-            dq[:end].copy_(accum.permute(1, 0, 2)[:end, :, :head_dim])
-        else:  # (B, H, S, D) -> (B, S, H, D)
-            dq.copy_(accum.permute(0, 2, 1, 3)[..., :head_dim])
+        compiled_last(accum, dq, t.cu_seqlens_q, scale, max_seqlen_q)
+    if splits > 1:
+        end = int(t.cu_seqlens_k[-1]) if t.cu_seqlens_k is not None else None  # packed rows past it: untouched
+        for partial, grad in ((dk_out, dk), (dv_out, dv)):
+            summed = partial.sum(0)[..., : grad.shape[-1]]  # a fixed order: deterministic
+            grad[:end].copy_(summed[:end])
     if dsinks is not None:
         torch.sum(scratch["dsink_partial"], dim=1, out=dsinks)

@@ -122,7 +122,8 @@ def fwd_params_for(
 
 @dataclasses.dataclass(frozen=True)
 class BwdPreParams:
-    """``sm80/bwd_pre``: D = rowsum(dO * O), lse in log2 units, per-block dsink partials."""
+    """``sm80/bwd_pre``: D = rowsum(dO * O), lse in log2 units, per-block dsink partials, and
+    (``accum_tile_m`` > 0) the zeroing of the default mode's flat dQ accumulator."""
 
     dtype: str
     flavor: str             # head-dim tile of V/O/dO
@@ -132,6 +133,7 @@ class BwdPreParams:
     has_sinks: bool
     tile_m: int = 64
     num_warps: int = 4
+    accum_tile_m: int = 0   # the main kernel's tile_m whose dQ accumulator chunks this pass zeroes; 0: none
 
     @property
     def tile_hdim(self) -> int:
@@ -140,6 +142,12 @@ class BwdPreParams:
     @property
     def num_threads(self) -> int:
         return 32 * self.num_warps
+
+    def num_m_blocks(self, seqlen_q: int) -> int:
+        """The grid's query-block extent: whole accumulator chunks when it zeroes them."""
+        if self.accum_tile_m:
+            return -(-seqlen_q // self.accum_tile_m) * (self.accum_tile_m // self.tile_m)
+        return -(-seqlen_q // self.tile_m)
 
     def validate(self) -> "BwdPreParams":
         def bad(rule: str):
@@ -152,14 +160,19 @@ class BwdPreParams:
         rows_per_step = self.num_threads * 8 // 64
         if self.tile_m % rows_per_step:
             bad(f"tile_m must be a multiple of {rows_per_step} (rows per copy step)")
+        if self.accum_tile_m < 0 or self.accum_tile_m % self.tile_m:
+            bad("accum_tile_m must be 0 or a multiple of tile_m")
         return self
+
+
+DQ_REDUCE_WIDTHS = (1, 2, 4)  # floats per dQ reduction; 2 and 4 (red.global.add.v2/v4.f32) need SM90
 
 
 @dataclasses.dataclass(frozen=True)
 class BwdParams:
     """Everything that changes the generated code of ``sm80/bwd`` (dK, dV and, unless
-    ``deterministic``, dQ by atomic accumulation) and of ``sm80/bwd_dq`` (the
-    deterministic dQ pass, which reads the same record).
+    ``deterministic``, dQ by reductions into a flat fp32 accumulator) and of
+    ``sm80/bwd_dq`` (the deterministic dQ pass, which reads the same record).
 
     The MMA warp layouts follow FlashAttention-2's SM80 backward: S and dP tile
     ``(tile_m, tile_n)`` with ``warps_m_sdp`` warps along M; dK and dV tile
@@ -182,11 +195,15 @@ class BwdParams:
     has_window_left: bool
     has_window_right: bool
     bottom_right: bool
-    deterministic: bool     # no dQ atomics in sm80/bwd; sm80/bwd_dq computes dQ per query block
-    stages_q: int = 2       # shared buffers for Q and dO: 2 loads step i+1 while step i computes
-    # dQ atomics on adjacent column pairs (red.global.add.v2.f32): half the reductions, but the
-    # instruction needs SM90, so the kernel compiles for sm_90 only (compile.target_arch)
-    vector_dq_atomics: bool = False
+    deterministic: bool     # no dQ reductions in sm80/bwd; sm80/bwd_dq computes dQ per query block
+    # floats per dQ reduction into the flat accumulator: 1 (red.global.add.f32, SM80) or 2 / 4
+    # (red.global.add.v2 / v4.f32: fewer, wider reductions, but SM90 only, so the kernel compiles
+    # for sm_90; compile.target_arch)
+    dq_reduce_width: int = 1
+    # the query heads of a GQA group are split over CTAs (a runtime count): dK and dV go to fp32
+    # partials in the workspace, summed in split order afterwards (deterministic)
+    split_group: bool = False
+    heavy_first: bool = False  # key blocks launched across the whole grid heaviest (lowest) first
 
     @property
     def tile_hdim(self) -> int:
@@ -196,9 +213,14 @@ class BwdParams:
     def num_threads(self) -> int:
         return 32 * self.num_warps
 
+    @property
+    def dq_chunk(self) -> int:
+        """fp32 elements of one query block's chunk of the flat dQ accumulator."""
+        return self.tile_m * self.tile_hdim
+
     def smem_bytes(self) -> int:
         k_v = 2 * self.tile_n * self.tile_hdim
-        q_do = 2 * self.stages_q * self.tile_m * self.tile_hdim
+        q_do = 2 * 2 * self.tile_m * self.tile_hdim  # Q and dO, two stages each
         p_ds = 2 * self.tile_m * self.tile_n
         return 2 * (k_v + q_do + p_ds)
 
@@ -225,21 +247,30 @@ class BwdParams:
             bad(f"tile_m and tile_n must be multiples of {rows_per_step} (rows per copy step)")
         if self.tile_n % 64:
             bad("tile_n must be a multiple of 64 (the swizzle atom of the P and dS tiles)")
-        if self.stages_q not in (1, 2):
-            bad("stages_q must be 1 or 2")
-        if self.vector_dq_atomics and self.deterministic:
-            bad("the deterministic mode has no dQ atomics to vectorize")
+        if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
+            bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
+        if self.dq_reduce_width > 1 and self.deterministic:
+            bad("the deterministic mode has no dQ reductions to widen")
+        if self.dq_chunk % (self.num_threads * self.dq_reduce_width):
+            bad("the dQ chunk must split evenly into the threads' reductions")
         if self.smem_bytes() > SMEM_BYTES_MAX:
             bad(f"shared memory {self.smem_bytes()} B exceeds {SMEM_BYTES_MAX} B")
         return self
 
+    @property
+    def target_arch(self) -> str:
+        """The oldest architecture the generated code runs on."""
+        return "sm_90" if self.dq_reduce_width > 1 else "sm_80"
+
 
 def bwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
-    window_left: int, window_right: int, bottom_right: bool, deterministic: bool, vector_dq_atomics: bool = False,
+    window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
+    split_group: bool = False,
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params (FlashAttention-2's SM80 tiles:
-    d64 128x128, d128 64x128, 8 warps)."""
+    d64 128x128, d128 64x128, 8 warps). ``dq_reduce_width`` and ``split_group`` are the
+    engine's choices per device and per problem size (frost/engines/sm80.py)."""
     flavor = flavor_for(head_dim_qk, head_dim_v)
     if flavor is None:
         raise ValueError(f"no flavor covers head dims {head_dim_qk}/{head_dim_v}")
@@ -251,8 +282,50 @@ def bwd_params_for(
         layout=layout, has_seqlens=has_seqlens, has_window_left=window_left >= 0,
         has_window_right=window_right >= 0,
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
-        vector_dq_atomics=vector_dq_atomics,
+        dq_reduce_width=1 if deterministic else dq_reduce_width, split_group=split_group,
     ).validate()
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdConvertParams:
+    """``sm80/bwd_convert``: the default mode's flat fp32 dQ accumulator -> dq (io dtype),
+    scaled, through shared memory to 128-bit stores. Reads the accumulator in the main
+    kernel's dQ MMA fragment order, so it shares that kernel's tile, warps and reduce width."""
+
+    dtype: str
+    flavor: str
+    partial_hdim_qk: bool
+    layout: str
+    tile_m: int
+    num_warps: int
+    warps_m_dq: int
+    dq_reduce_width: int
+
+    @classmethod
+    def of(cls, bwd: "BwdParams") -> "BwdConvertParams":
+        return cls(dtype=bwd.dtype, flavor=bwd.flavor, partial_hdim_qk=bwd.partial_hdim_qk, layout=bwd.layout,
+                   tile_m=bwd.tile_m, num_warps=bwd.num_warps, warps_m_dq=bwd.warps_m_dq,
+                   dq_reduce_width=bwd.dq_reduce_width)
+
+    @property
+    def tile_hdim(self) -> int:
+        return FLAVORS[self.flavor]
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+    def validate(self) -> "BwdConvertParams":
+        def bad(rule: str):
+            raise ValueError(f"BwdConvertParams {self}: {rule}")
+
+        if self.dtype not in DTYPES or self.flavor not in FLAVORS or self.layout not in LAYOUTS:
+            bad("dtype, flavor and layout must be known values")
+        if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
+            bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
+        if (self.tile_m * self.tile_hdim) % (self.num_threads * self.dq_reduce_width):
+            bad("the dQ chunk must split evenly into the threads' reductions")
+        return self
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,15 @@ class AttentionMask:
     window_left: Int32    # read only when has_window_left
     window_right: Int32   # read only when has_window_right
 
+    @staticmethod
+    def for_sequence(tile_m: int, tile_n: int, params, seqlen, window_left: Int32, window_right: Int32,
+                     mask_rows: bool) -> "AttentionMask":
+        """The mask of one sequence (``seqlen``, a SeqlenInfo) under a kernel's params record
+        (its ``has_window_left`` / ``has_window_right`` / ``bottom_right`` fields)."""
+        delta = seqlen.seqlen_k - seqlen.seqlen_q if const_expr(params.bottom_right) else Int32(0)
+        return AttentionMask(tile_m, tile_n, params.has_window_left, params.has_window_right, mask_rows,
+                             seqlen.seqlen_q, seqlen.seqlen_k, delta, window_left, window_right)
+
     @cute.jit
     def n_block_range(self, m_block: Int32):
         """[n_min, n_max) of key blocks that may hold a key visible to some valid row of m_block."""

@@ -1,8 +1,16 @@
-"""Per-CTA sequence facts: where sequence ``b`` starts in each tensor and how long it is.
+"""Per-CTA sequence facts: where sequence ``b`` starts in each tensor and how long it is;
+and the grid extents every launcher derives from the same tensors.
 
 Read once at the top of a CTA (from cu_seqlens for packed input, from
 seqlens for dense padding, or from the static extents), so the main loop
 never touches those tensors again.
+
+The default backward's flat fp32 dQ accumulator is laid out per (sequence,
+head) as a *slab* of whole query-block *chunks* (``tile_m * tile_hdim``
+floats each, in the dQ MMA fragment's register order, see sm80/bwd.py):
+dense ``[B, H, ceil(S / tile_m) * chunk]``; packed ``[H, (T + B * tile_m) *
+tile_hdim]`` with sequence b's slab at row ``cu_seqlens_q[b] + b * tile_m``,
+so each sequence's last chunk has room to run past its end.
 """
 from __future__ import annotations
 
@@ -22,6 +30,18 @@ class SeqlenTensors(NamedTuple):
     cu_seqlens_k: cute.Tensor | None
     seqlens_q: cute.Tensor | None
     seqlens_k: cute.Tensor | None
+
+
+def launch_extents(mX: cute.Tensor, cu_seqlens: cute.Tensor | None, max_seqlen, tile: int, packed: bool):
+    """(row blocks, heads, sequences) of a grid over the rows of q/k-like ``mX``: dense (B, S, H, D)
+    or packed (T, H, D) with ``cu_seqlens`` and the longest sequence ``max_seqlen``."""
+    if const_expr(packed):
+        return cute.ceil_div(max_seqlen, tile), mX.shape[1], cu_seqlens.shape[0] - 1
+    return cute.ceil_div(mX.shape[1], tile), mX.shape[2], mX.shape[0]
+
+
+def heads_of(mX: cute.Tensor, packed: bool):
+    return mX.shape[1] if const_expr(packed) else mX.shape[2]
 
 
 @dataclass(frozen=True)
@@ -71,3 +91,14 @@ class SeqlenInfo:
         if const_expr(not self.packed):
             return mLSE[batch, head, None]
         return cute.domain_offset((self.offset_q,), mLSE[head, None])
+
+    def dq_accum_slab(self, mAcc: cute.Tensor, batch, head, tile_m: int, tile_hdim: int) -> cute.Tensor:
+        """(slab,) view of sequence ``batch``, head ``head`` of the flat dQ accumulator (module doc)."""
+        if const_expr(not self.packed):
+            return mAcc[batch, head, None]
+        return cute.domain_offset(((self.offset_q + batch * tile_m) * tile_hdim,), mAcc[head, None])
+
+    def dq_accum_chunk(self, mAcc: cute.Tensor, batch, head, m_block, tile_m: int, tile_hdim: int) -> cute.Tensor:
+        """(tile_m * tile_hdim,) chunk of query block ``m_block`` in that slab."""
+        slab = self.dq_accum_slab(mAcc, batch, head, tile_m, tile_hdim)
+        return cute.local_tile(slab, (tile_m * tile_hdim,), (m_block,))

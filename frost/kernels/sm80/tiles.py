@@ -228,3 +228,35 @@ def zero_unpredicated(dst, col_pred):
         for k in cutlass.range_constexpr(cute.size(dst.shape[2])):
             if not col_pred[0, 0, k]:
                 dst[None, m, k].fill(0)
+
+
+@cute.jit
+def store_rows(gmem_tiled_copy, tidx, s_tile: cute.Tensor, g_tile: cute.Tensor, written_rows, head_dim,
+               check_hdim: cutlass.Constexpr[bool]):
+    """A shared (rows, hdim) tile -> rows [0, written_rows) of the global tile ``g_tile``, in
+    128-bit stores; columns past ``head_dim`` are not written when ``check_hdim``."""
+    thr_copy = gmem_tiled_copy.get_slice(tidx)
+    tXsX = thr_copy.partition_S(s_tile)
+    tXgX = thr_copy.partition_D(g_tile)
+    tXcX = thr_copy.partition_D(cute.make_identity_tensor(cute.product_each(s_tile.shape)))
+    tXpX = hdim_predicate(tXcX, head_dim)
+    tXrX = cute.make_fragment_like(tXgX, s_tile.element_type)
+    cute.autovec_copy(tXsX, tXrX)
+    for m in cutlass.range_constexpr(cute.size(tXrX.shape[1])):
+        if tXcX[0, m, 0][0] < written_rows:
+            if const_expr(check_hdim):
+                cute.copy(gmem_tiled_copy, tXrX[None, m, None], tXgX[None, m, None], pred=tXpX[None, m, None])
+            else:
+                cute.copy(gmem_tiled_copy, tXrX[None, m, None], tXgX[None, m, None])
+
+
+@cute.jit
+def stash_acc(tiled_mma, tidx, acc: cute.Tensor, s_tile: cute.Tensor, dtype: cutlass.Constexpr):
+    """An fp32 accumulator of ``tiled_mma``, rounded to ``dtype``, into a shared (rows, hdim)
+    tile (adjacent column pairs per store), e.g. before ``store_rows``."""
+    r = cute.make_fragment_like(acc, dtype)
+    r.store(acc.load().to(dtype))
+    r2s = cute.make_tiled_copy_C(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=2 * dtype.width), tiled_mma
+    ).get_slice(tidx)
+    cute.copy(r2s, r2s.retile(r), r2s.partition_D(s_tile))
