@@ -14,7 +14,7 @@ the timed region), and the row says so. The last line of each table is the
 minimum frost/flash ratio.
 
 ``--variants`` adds backward columns for the engine's choices, forced one at a
-time through the plan: ``w1`` (scalar dQ reductions), ``hf_off`` / ``hf_on``
+time through the plan: ``w4`` (dQ reduced 4 floats at a time, SM90), ``hf_off`` / ``hf_on``
 (launch order), ``nosplit`` (GQA group unsplit).
 
 TFLOP/s = 4*B*H*S^2*D (halved for causal) / time for the forward; the backward
@@ -143,7 +143,9 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
     row["frost_plan"] = flops / _bench(lambda: plan.execute(tensors, out=grads, workspace=workspace), reps_ms) / 1e9
     row["frost_det"] = flops / _bench(api(deterministic=True), reps_ms) / 1e9
     if variants and decision.engine == "sdpa_bwd_sm80":
-        forced = {"w1": dict(dq_reduce_width=1), "hf_off": dict(heavy_first=False), "hf_on": dict(heavy_first=True)}
+        forced = {"hf_off": dict(heavy_first=False), "hf_on": dict(heavy_first=True)}
+        if torch.cuda.get_device_capability() >= (9, 0):
+            forced["w4"] = dict(dq_reduce_width=4)
         if hq != hkv:
             forced["nosplit"] = dict(split=1)
         for name, choice in forced.items():
@@ -169,7 +171,7 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
 
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
-    extra = [c for c in ("split", "frost_det", "det cost", "w1", "hf_off", "hf_on", "nosplit") if c in first]
+    extra = [c for c in ("split", "frost_det", "det cost", "w4", "hf_off", "hf_on", "nosplit") if c in first]
     cols = ["direction", "B", "S", "Hq", "Hkv", "d", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS,
             "frost/flash"]
     print("| " + " | ".join(cols) + " | notes |")

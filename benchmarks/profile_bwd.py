@@ -2,11 +2,11 @@
 
     ncu --clock-control none -k regex:"sdpa_bwd|flash_bwd" --launch-skip 2 --launch-count 4 \\
         --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \\
-        python3 benchmarks/profile_bwd.py --d 64 --s 8192 --runs frost,scalar,flash
+        python3 benchmarks/profile_bwd.py --d 64 --s 8192 --runs frost,wide,flash
 
 Same inputs as ``bench_sdpa.py`` (bf16, 16k tokens, hidden 2048). ``--runs`` picks the
 backward paths, each run ``--iters`` times in the order given: ``frost`` (the routed plan),
-``scalar`` (dQ reduced one float at a time, the SM80 form), ``det`` (deterministic), ``flash`` (torch's
+``wide`` (dQ reduced four floats at a time, SM90), ``det`` (deterministic), ``flash`` (torch's
 FlashAttention-2 backward). Prints each path's median time so a profiled run can be read
 against an unprofiled one.
 """
@@ -33,10 +33,10 @@ def backward_paths(d: int, s: int, causal: bool) -> dict:
     o, lse = frost.sdpa_forward(q, k, v, causal=causal)
     grads = frost.Grads(torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
 
-    def plan_run(deterministic: bool, scalar: bool):
+    def plan_run(deterministic: bool, wide: bool):
         problem, tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, causal=causal,
                                    deterministic=deterministic)
-        plan = Sm80Backward(dq_reduce_width=1 if scalar else None).compile(problem)
+        plan = Sm80Backward(dq_reduce_width=4 if wide else 1).compile(problem)
         workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
         return lambda: plan.execute(tensors, out=grads, workspace=workspace)
 
@@ -48,7 +48,7 @@ def backward_paths(d: int, s: int, causal: bool) -> dict:
             out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
         return lambda: torch.autograd.grad(out, (qt, kt, vt), do.transpose(1, 2), retain_graph=True)
 
-    return {"frost": lambda: plan_run(False, False), "scalar": lambda: plan_run(False, True),
+    return {"frost": lambda: plan_run(False, False), "wide": lambda: plan_run(False, True),
             "det": lambda: plan_run(True, False), "flash": flash}  # fmt: skip
 
 

@@ -90,8 +90,10 @@ class Sm80Forward(Engine):
 class Sm80Backward(Engine):
     """The backward chain. Per problem and device it chooses (``backward_choices``):
 
-    - the dQ reduce width: 4 floats per reduction (red.global.add.v4.f32) on SM90 devices,
-      1 elsewhere; ``dq_reduce_width`` forces one (2 and 4 need SM90);
+    - the dQ reduce width: 1 float per reduction on every device. With the accumulator's
+      line-aligned layout, 4 (red.global.add.v4.f32, SM90) measured no faster on the H200
+      (-2% to +3% across the 18 benchmark shapes, benchmarks/NOTES.md); ``dq_reduce_width``
+      forces a width (2 and 4 need SM90);
     - the GQA split: the query heads of a group are spread over CTAs when the unsplit grid
       would be under two waves of the device's SMs (``split`` forces a count; 1 disables);
     - heavy-first launch order for causal / right-windowed problems (``heavy_first`` forces it).
@@ -103,7 +105,7 @@ class Sm80Backward(Engine):
     native = False
     capabilities = SM80_CAPABILITIES
 
-    def __init__(self, dq_reduce_width: int | None = None, split: int | None = None,
+    def __init__(self, dq_reduce_width: int = 1, split: int | None = None,
                  heavy_first: bool | None = None):
         self.dq_reduce_width = dq_reduce_width
         self.split = split
@@ -150,13 +152,10 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
     return group
 
 
-def backward_choices(problem: Problem, dq_reduce_width=None, split=None, heavy_first=None):
+def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, heavy_first=None):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward)."""
     from frost.kernels.sm80.config import bwd_params_for
 
-    on_sm90 = problem.device_type == "cuda" and _compute_capability(problem.device) >= (9, 0)
-    if dq_reduce_width is None:
-        dq_reduce_width = 4 if on_sm90 else 1
     main = bwd_params_for(
         dtype=_DTYPE_NAMES[problem.dtype], head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v,
         layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,

@@ -65,16 +65,15 @@ def _engine():
 @pytest.mark.L0
 @pytest.mark.parametrize("feature, dtype, dims", L0_CASES, ids=lambda x: str(x))
 def test_bwd_sm80_other_dq_reduce_width_matches_oracle(feature, dtype, dims, monkeypatch):
-    """The dQ reduce width the dispatch does not pick on this device (1 on SM90, where 4 is the
-    default; on SM80 devices 1 is the only one and the default grid covers it)."""
-    from frost.kernels.sm80 import compile as sm80_compile
+    """The dQ reduce width the dispatch does not pick: 4 floats per reduction (red.global.add.v4.f32,
+    SM90 only; the default grid covers the scalar width 1 every device uses)."""
+    from frost.kernels.sm80.config import BwdParams
 
     if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("SM80 devices reduce dQ one float at a time only: the default grid covers it")
-    monkeypatch.setattr(_engine(), "dq_reduce_width", 1)
+        pytest.skip("red.global.add.v4.f32 needs an SM90 device")
+    monkeypatch.setattr(_engine(), "dq_reduce_width", 4)
     _assert_sm80(_case(feature, dtype, dims))
-    assert any(getattr(key[1], "dq_reduce_width", 0) == 1 and not key[1].deterministic
-               for key in sm80_compile.BWD_CACHE.keys())
+    assert any(isinstance(key[1], BwdParams) and key[1].dq_reduce_width == 4 for key in _bwd_cache_keys())
 
 
 SPLIT_CASES = {  # GQA / MQA problems with the group forced into splits

@@ -3,9 +3,11 @@
     python -m frost.kernels.sm80.check fwd            # compile a grid; on a GPU, run it against the oracle
     python -m frost.kernels.sm80.check fwd --ptx      # also report registers / spills / instruction counts
 
-It calls the kernels directly (no dispatch, no Problem), poisons outputs with
-NaN before each launch, and compares with the float64 oracle by relative L2
-error and NaN count. The suites (suites/sm80/) are the real gate; this is the
+No dispatch and no acceptance rule: the forward launches the compiled kernel
+directly; the backward runs the ``sdpa_bwd_sm80`` engine's plan (it needs a
+Problem to choose its params and size its workspace). Outputs are poisoned
+with NaN before each launch and compared with the float64 oracle
+(``oracle.reference``) by relative L2 error and NaN count. The suites (suites/sm80/) are the real gate; this is the
 quick loop. Without a GPU it only compiles (CUTE_DSL_ARCH=sm_80).
 """
 from __future__ import annotations

@@ -54,7 +54,7 @@ from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of, launch_extents
 from frost.kernels.sm80.softmax import OnlineSoftmax
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
@@ -104,13 +104,7 @@ def sdpa_fwd(
         sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
         sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
 
-    if const_expr(PACKED):
-        num_batch = mCuSeqlensQ.shape[0] - 1
-        num_m_blocks = cute.ceil_div(max_seqlen_q, TILE_M)
-    else:
-        num_batch = mQ.shape[0]
-        num_m_blocks = cute.ceil_div(mQ.shape[1], TILE_M)
-    num_heads = mQ.shape[2] if const_expr(not PACKED) else mQ.shape[1]
+    num_m_blocks, num_heads, num_batch = launch_extents(mQ, mCuSeqlensQ, max_seqlen_q, TILE_M, PACKED)
 
     if const_expr(P.heavy_first):
         grid = [num_heads, num_batch, num_m_blocks]
@@ -150,15 +144,8 @@ def fwd_kernel(
         m_block, head, batch = cute.arch.block_idx()
 
     seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
-    heads_q = mQ.shape[1] if const_expr(PACKED) else mQ.shape[2]
-    heads_kv = mK.shape[1] if const_expr(PACKED) else mK.shape[2]
-    head_kv = head // (heads_q // heads_kv)
-    mask = AttentionMask(
-        TILE_M, TILE_N, P.has_window_left, P.has_window_right, False,
-        seqlen.seqlen_q, seqlen.seqlen_k,
-        seqlen.seqlen_k - seqlen.seqlen_q if const_expr(P.bottom_right) else Int32(0),
-        window_left, window_right,
-    )
+    head_kv = head // (heads_of(mQ, PACKED) // heads_of(mK, PACKED))
+    mask = AttentionMask.for_sequence(TILE_M, TILE_N, P, seqlen, window_left, window_right, False)
     n_block_min, n_block_max = mask.n_block_range(m_block)
 
     # ---- tiles of this CTA -------------------------------------------------
@@ -247,6 +234,16 @@ def fwd_kernel(
             step.run(n_block, n_block_min, m_block, seqlen.seqlen_k, mask, softmax, acc_O, masked=False)
 
     # ---- epilogue ------------------------------------------------------------
+    write_o_lse(tidx, acc_O, softmax, mSinks, mO, mLSE, sQ, sQ_layout, tiled_mma, gmem_tiled_copy_store,
+                seqlen, batch, head, m_block, head_dim_v)
+
+
+@cute.jit
+def write_o_lse(tidx, acc_O: cute.Tensor, softmax: OnlineSoftmax, mSinks, mO: cute.Tensor, mLSE: cute.Tensor,
+                sQ: cute.Tensor, sQ_layout, tiled_mma, gmem_tiled_copy_store, seqlen: SeqlenInfo, batch, head,
+                m_block, head_dim_v):
+    """Normalize O, write it through shared memory (sQ reused) to global, and write lse."""
+    thr_mma = tiled_mma.get_slice(tidx)
     o_scale = cute.make_fragment_like(softmax.row_max, Float32)
     lse = cute.make_fragment_like(softmax.row_max, Float32)
     sink = mSinks[head] if const_expr(P.has_sinks) else None
@@ -286,19 +283,9 @@ def fwd_kernel(
 
     cute.arch.barrier()  # sO complete
     gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
-    gmem_thr_copy_O = gmem_tiled_copy_store.get_slice(tidx)
-    tOsO = gmem_thr_copy_O.partition_S(sO)
-    tOgO = gmem_thr_copy_O.partition_D(gO)
-    tOcO = gmem_thr_copy_O.partition_D(cO)
-    tOpO = tiles.hdim_predicate(tOcO, head_dim_v)
-    tOrO = cute.make_fragment_like(tOgO, DTYPE)
-    cute.autovec_copy(tOsO, tOrO)
-    for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-        if tOcO[0, m, 0][0] < written_rows:
-            if const_expr(CHECK_HDIM_V):
-                cute.copy(gmem_tiled_copy_store, tOrO[None, m, None], tOgO[None, m, None], pred=tOpO[None, m, None])
-            else:
-                cute.copy(gmem_tiled_copy_store, tOrO[None, m, None], tOgO[None, m, None])
+    tiles.store_rows(gmem_tiled_copy_store, tidx, sO, gO, written_rows, head_dim_v, CHECK_HDIM_V)
+
+
 
 
 @dataclass(frozen=True)
