@@ -39,7 +39,7 @@ def sdpa_forward(
     tensors = Tensors(q, k, v, None, None, None, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k,
                       bias, sinks, rope_cos, rope_sin)  # fmt: skip
     options = Options(scale, causal, causal_align, split_window(window), max_seqlen_q, max_seqlen_k, False)
-    return _serve("forward", tensors, options, engine, out)
+    return serve("forward", tensors, options, engine, out)
 
 
 def sdpa_backward(
@@ -57,10 +57,12 @@ def sdpa_backward(
     tensors = Tensors(q, k, v, o, lse, do, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k,
                       bias, sinks, rope_cos, rope_sin)  # fmt: skip
     options = Options(scale, causal, causal_align, split_window(window), max_seqlen_q, max_seqlen_k, deterministic)
-    return _serve("backward", tensors, options, engine, out)
+    return serve("backward", tensors, options, engine, out)
 
 
-def _serve(direction: str, tensors: Tensors, options: Options, engine, out):
+def serve(direction: str, tensors: Tensors, options: Options, engine=None, out=None):
+    """Serve one call given as records (``frost.ops`` calls this; the functions above
+    gather their arguments into them). Validates, like every entry."""
     # Engines run without autograd; entering no_grad only when needed saves its cost
     # on calls already under no_grad (the custom ops' implementations are).
     if not torch.is_grad_enabled():
