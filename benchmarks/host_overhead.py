@@ -1,6 +1,6 @@
 """Host time per call: frost's public API against torch's scaled_dot_product_attention.
 
-    python3 benchmarks/host_overhead.py [--calls N] [--repeats R]
+    python3 benchmarks/host_overhead.py [--calls N] [--repeats R] [--threads T]
 
 The tiny shape B1 S128 H4 D64, where the work is small and the cost of the call
 around it shows. Measured, in one run, with the default engine routing:
@@ -11,7 +11,9 @@ around it shows. Measured, in one run, with the default engine routing:
 - ``frost.attention`` forward+backward against SDPA forward+backward with autograd.
 
 Each figure is the median over ``--repeats`` loops of ``--calls`` calls, after a
-warm-up, divided by the calls: the per-call host time. On CUDA the device is
+warm-up, divided by the calls: the per-call host time. frost's and torch's loops
+alternate, so a busy neighbour on a shared machine slows both alike; ``--threads 1``
+steadies a CPU that others use too. On CUDA the device is
 synchronized before and after each loop and only the issuing loop is timed, so
 the figure is host time (what the CPU spends per call), not kernel time. On a CPU
 the host time includes the arithmetic itself.
@@ -38,23 +40,31 @@ import frost  # noqa: E402
 SHAPE = (1, 128, 4, 64)  # B, S, H, D
 
 
-def per_call_us(fn, device: torch.device, calls: int, repeats: int, warmup: int) -> float:
-    """Median per-call host time of ``fn`` in microseconds."""
-    for _ in range(warmup):
-        fn()
+def _loop_us(fn, device: torch.device, calls: int) -> float:
+    """One timed loop of ``calls`` calls: microseconds per call of host time."""
     cuda = device.type == "cuda"
-    samples = []
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter_ns() - start
+    if cuda:
+        torch.cuda.synchronize(device)
+    return elapsed / calls / 1e3
+
+
+def paired_us(frost_fn, torch_fn, device: torch.device, calls: int, repeats: int, warmup: int) -> tuple[float, float]:
+    """Median per-call host times of the two, their loops interleaved so that a noisy
+    neighbour on a shared machine slows both alike."""
+    for _ in range(warmup):
+        frost_fn()
+        torch_fn()
+    frost_samples, torch_samples = [], []
     for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize(device)
-        start = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        elapsed = time.perf_counter_ns() - start
-        if cuda:
-            torch.cuda.synchronize(device)
-        samples.append(elapsed / calls / 1e3)
-    return statistics.median(samples)
+        frost_samples.append(_loop_us(frost_fn, device, calls))
+        torch_samples.append(_loop_us(torch_fn, device, calls))
+    return statistics.median(frost_samples), statistics.median(torch_samples)
 
 
 def _inputs(device, dtype, *, requires_grad=False, bhsd=False):
@@ -106,12 +116,12 @@ def torch_calls(device, dtype) -> dict[str, callable]:
 def measure(devices, calls: int, repeats: int, warmup: int) -> list[tuple]:
     rows = []
     for device in devices:
-        frost_us = {name: per_call_us(fn, device, calls, repeats, warmup) for name, fn in frost_calls(device).items()}
+        frost_fns = frost_calls(device)
         dtypes = (torch.bfloat16,) if device.type == "cuda" else (torch.bfloat16, torch.float32)
         for dtype in dtypes:
-            for name, fn in torch_calls(device, dtype).items():
-                torch_us = per_call_us(fn, device, calls, repeats, warmup)
-                rows.append((device.type, str(dtype).removeprefix("torch."), name, frost_us[name], torch_us))
+            for name, torch_fn in torch_calls(device, dtype).items():
+                frost_us, torch_us = paired_us(frost_fns[name], torch_fn, device, calls, repeats, warmup)
+                rows.append((device.type, str(dtype).removeprefix("torch."), name, frost_us, torch_us))
     return rows
 
 
@@ -130,7 +140,10 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=50, help="calls per timed loop")
     parser.add_argument("--repeats", type=int, default=21, help="timed loops; the median is reported")
     parser.add_argument("--warmup", type=int, default=30, help="untimed calls first")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():
         devices.append(torch.device("cuda"))
