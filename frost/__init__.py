@@ -9,12 +9,14 @@ Public API:
 - ``route(q, k, v, **keywords, direction="forward") -> Decision``: which engine would
   serve the call and why the ones ranked before it declined
 
-The routing ledger is ``frost.dispatch.ledger``. Importing frost does not import the
+The routing ledger is ``frost.dispatch.ledger``; repeated calls reuse their plan through
+``frost.plans.cache`` (``stats()``: hits, misses). Importing frost does not import the
 CuTe DSL.
 """
 from frost.api import route, sdpa_backward, sdpa_forward
 from frost.dispatch import Decision
 from frost.ops import attention
+from frost import plans  # noqa: F401  (frost.plans.cache)
 from frost.problem import Grads, Problem
 
 __all__ = ["Decision", "Grads", "Problem", "attention", "route", "sdpa_backward", "sdpa_forward"]

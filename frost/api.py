@@ -1,7 +1,10 @@
 """frost's functional API: ``sdpa_forward``, ``sdpa_backward`` and ``route``.
 
-Each call is prepared once (``frost.problem.prepare``: validation, then the Problem and
-Tensors records), its ``out=`` checked, then handed to ``frost.dispatch``. These
+Each call is gathered into its records (``frost.records``: Tensors, Options) and handed
+to ``frost.plans``: a call seen before goes straight to its cached plan (the values of
+seqlens / cu_seqlens and ``out=`` still checked), a new one is prepared
+(``frost.problem``: validation, then the Problem), routed and compiled
+(``frost.dispatch``). These
 functions are not differentiable (engines run under ``torch.no_grad``); the
 differentiable entry is ``frost.attention`` (``frost.ops``).
 
@@ -17,9 +20,10 @@ import dataclasses
 
 import torch
 
-from frost import dispatch, validation
+from frost import dispatch, plans
 from frost.dispatch import Decision
-from frost.problem import Grads, prepare
+from frost.problem import Grads, prepare, split_rope, split_window
+from frost.records import Options, Tensors
 
 
 def sdpa_forward(
@@ -30,15 +34,12 @@ def sdpa_forward(
     engine=None, out=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Attention forward: ``(o, lse)``. ``out=(o, lse)`` writes into preallocated tensors."""
-    problem, tensors = prepare(
-        "forward", q, k, v,
-        scale=scale, causal=causal, causal_align=causal_align, window=window,
-        seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, bias=bias, sinks=sinks, rope=rope,
-    )  # fmt: skip
-    out = validation.check_out(problem, out, tensors)
-    with torch.no_grad():
-        return dispatch.serve(problem, tensors, engine=engine, out=out)
+    # split in prepare's order, so a bad rope is reported before a bad window
+    rope_cos, rope_sin = split_rope(rope)
+    tensors = Tensors(q, k, v, None, None, None, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k,
+                      bias, sinks, rope_cos, rope_sin)  # fmt: skip
+    options = Options(scale, causal, causal_align, split_window(window), max_seqlen_q, max_seqlen_k, False)
+    return serve("forward", tensors, options, engine, out)
 
 
 def sdpa_backward(
@@ -52,16 +53,22 @@ def sdpa_backward(
 
     ``out=Grads(...)`` writes into preallocated tensors (dbias iff bias, dsinks iff sinks).
     """
-    problem, tensors = prepare(
-        "backward", q, k, v, o=o, lse=lse, do=do,
-        scale=scale, causal=causal, causal_align=causal_align, window=window,
-        seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, bias=bias, sinks=sinks, rope=rope,
-        deterministic=deterministic,
-    )  # fmt: skip
-    out = validation.check_out(problem, out, tensors)
+    rope_cos, rope_sin = split_rope(rope)
+    tensors = Tensors(q, k, v, o, lse, do, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k,
+                      bias, sinks, rope_cos, rope_sin)  # fmt: skip
+    options = Options(scale, causal, causal_align, split_window(window), max_seqlen_q, max_seqlen_k, deterministic)
+    return serve("backward", tensors, options, engine, out)
+
+
+def serve(direction: str, tensors: Tensors, options: Options, engine=None, out=None):
+    """Serve one call given as records (``frost.ops`` calls this; the functions above
+    gather their arguments into them). Validates, like every entry."""
+    # Engines run without autograd; entering no_grad only when needed saves its cost
+    # on calls already under no_grad (the custom ops' implementations are).
+    if not torch.is_grad_enabled():
+        return plans.cache.serve(direction, tensors, options, engine, out)
     with torch.no_grad():
-        return dispatch.serve(problem, tensors, engine=engine, out=out)
+        return plans.cache.serve(direction, tensors, options, engine, out)
 
 
 def route(

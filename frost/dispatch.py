@@ -2,8 +2,11 @@
 
 Each direction has one table, best engine first. Routing walks it: every engine
 answers ``check_support(problem)``; the first to accept serves the call. ``route``
-only asks (it runs and records nothing); ``serve`` also compiles and executes, moving
-on when ``compile`` raises ``Declined``, and records its ``Decision`` in ``ledger``.
+only asks (it runs and records nothing); ``select`` also compiles, moving on when
+``compile`` raises ``Declined``, and returns the plan with its ``Decision``; ``run``
+executes it and, once it has served the call, records the decision in ``ledger``.
+``serve`` is ``select`` then ``run``. ``frost.plans`` keeps what ``select`` returned per
+call signature, so repeated calls go straight to ``run``.
 
 Adding an engine: implement ``frost.engines.base.Engine`` for a direction and put an
 instance in ``FORWARD_ENGINES`` or ``BACKWARD_ENGINES`` at its rank. Engine modules
@@ -79,13 +82,22 @@ class Ledger:
         self._by_engine: Counter[tuple[str, str]] = Counter()
         self._declines: Counter[tuple[str, str, str]] = Counter()
 
-    def record(self, decision: Decision) -> None:
+    @staticmethod
+    def keys_of(decision: Decision) -> tuple[tuple[str, str], tuple[tuple[str, str, str], ...]]:
+        """The counter keys one decision adds to: ``(direction, engine)`` and its declines."""
+        direction = decision.direction
+        return (direction, decision.engine), tuple((direction, name, reason) for name, reason in decision.declined)
+
+    def record(self, decision: Decision, keys=None) -> None:
+        """Count one served call. ``keys`` (from ``keys_of``) spares recomputing them for a
+        decision recorded again and again (a cached plan's)."""
+        engine_key, decline_keys = keys if keys is not None else self.keys_of(decision)
         with self._lock:
             self._recent.append(decision)
             self._total += 1
-            self._by_engine[(decision.direction, decision.engine)] += 1
-            for name, reason in decision.declined:
-                self._declines[(decision.direction, name, reason)] += 1
+            self._by_engine[engine_key] += 1
+            for key in decline_keys:
+                self._declines[key] += 1
 
     def snapshot(self) -> LedgerSnapshot:
         with self._lock:
@@ -157,8 +169,20 @@ def route(problem: Problem, *, engine: str | None = None) -> Decision:
     raise RuntimeError(f"no engine accepts {problem.describe()}; declined: {declined}")
 
 
-def serve(problem: Problem, tensors: Tensors, *, engine: str | None = None, out=None):
-    """Route, compile and execute; record the decision. Returns ``(o, lse)`` or ``Grads``."""
+class Served:
+    """A problem's plan with the Decision that chose it: what ``frost.plans`` keeps per call
+    signature, so a repeated call neither routes, compiles nor builds a Decision again."""
+
+    __slots__ = ("problem", "plan", "decision", "ledger_keys")
+
+    def __init__(self, problem: Problem, plan: Plan, decision: Decision):
+        self.problem, self.plan, self.decision = problem, plan, decision
+        self.ledger_keys = Ledger.keys_of(decision)
+
+
+def select(problem: Problem, *, engine: str | None = None) -> Served:
+    """Route and compile: the first engine that accepts and lowers ``problem``, and why
+    those before it declined. Records nothing."""
     declined = []
     for candidate in _candidates(problem, engine):
         reason = candidate.check_support(problem)
@@ -173,7 +197,19 @@ def serve(problem: Problem, tensors: Tensors, *, engine: str | None = None, out=
                 raise _forced_decline(engine, reason)
             declined.append((candidate.name, reason))
             continue
-        ledger.record(Decision(problem, candidate.name, candidate.native, tuple(declined), engine is not None))
-        result = plan.execute(tensors, out=out)
-        return Grads(*result) if problem.direction == "backward" else result
+        decision = Decision(problem, candidate.name, candidate.native, tuple(declined), engine is not None)
+        return Served(problem, plan, decision)
     raise RuntimeError(f"no engine accepts {problem.describe()}; declined: {declined}")
+
+
+def run(served: Served, tensors: Tensors, out=None):
+    """Execute a selected plan and record its decision once it has served the call (a
+    call that raised is not counted). Returns ``(o, lse)`` or ``Grads``."""
+    result = served.plan.execute(tensors, out=out)
+    ledger.record(served.decision, served.ledger_keys)
+    return Grads(*result) if served.problem.direction == "backward" else result
+
+
+def serve(problem: Problem, tensors: Tensors, *, engine: str | None = None, out=None):
+    """Route, compile and execute; record the decision. Returns ``(o, lse)`` or ``Grads``."""
+    return run(select(problem, engine=engine), tensors, out)

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import torch
 
 from frost import validation
+from frost.records import Grads, Options, Tensors  # noqa: F401  (frost.problem.Grads etc. stay importable)
 
 DIRECTIONS = ("forward", "backward")
 
@@ -175,54 +175,6 @@ class Problem:
         )
 
 
-@dataclass(frozen=True, eq=False)
-class Tensors:
-    """The tensors of one call, as plans read them. Not hashed.
-
-    After ``prepare``, dense padding always comes as both ``seqlens_q`` and
-    ``seqlens_k`` (a missing one is filled with the full length), and RoPE as
-    ``rope_cos`` / ``rope_sin``.
-    """
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    o: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
-    do: torch.Tensor | None = None
-    seqlens_q: torch.Tensor | None = None
-    seqlens_k: torch.Tensor | None = None
-    cu_seqlens_q: torch.Tensor | None = None
-    cu_seqlens_k: torch.Tensor | None = None
-    bias: torch.Tensor | None = None
-    sinks: torch.Tensor | None = None
-    rope_cos: torch.Tensor | None = None
-    rope_sin: torch.Tensor | None = None
-
-
-class Grads(NamedTuple):
-    """What a backward returns; None where the input is absent (no bias, no sinks)."""
-
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
-    dbias: torch.Tensor | None = None
-    dsinks: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class Options:
-    """The non-tensor keywords of a call, as given."""
-
-    scale: float | None = None
-    causal: bool = False
-    causal_align: str = "top_left"
-    window: tuple[int, int] = (-1, -1)
-    max_seqlen_q: int | None = None
-    max_seqlen_k: int | None = None
-    deterministic: bool = False
-
-
 def split_window(window) -> tuple[int, int]:
     """``window`` as two ints, or a ValueError naming it."""
     if not isinstance(window, (tuple, list)) or len(window) != 2:
@@ -281,9 +233,20 @@ def prepare(
         scale=scale, causal=causal, causal_align=causal_align, window=split_window(window),
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, deterministic=deterministic,
     )  # fmt: skip
+    problem, tensors, _ = prepare_records(direction, tensors, options)
+    return problem, tensors
+
+
+def prepare_records(
+    direction: str, tensors: Tensors, options: Options
+) -> tuple[Problem, Tensors, validation.Extents]:
+    """``prepare`` for arguments already gathered into records (rope split, window split).
+
+    Also returns the extents validation derived, which ``frost.plans`` keys on.
+    """
     extents = validation.validate(direction, tensors, options)
     problem = _build(direction, tensors, options, extents)
-    return problem, _fill_seqlens(problem, tensors)
+    return problem, fill_seqlens(problem, tensors), extents
 
 
 def _build(direction: str, t: Tensors, options: Options, extents: validation.Extents) -> Problem:
@@ -337,7 +300,7 @@ def _vector_aligned(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in x.stride()[:-1])
 
 
-def _fill_seqlens(problem: Problem, t: Tensors) -> Tensors:
+def fill_seqlens(problem: Problem, t: Tensors) -> Tensors:
     """Dense padding given for one side only: the other side gets its full length."""
     if not problem.has_seqlens or (t.seqlens_q is not None and t.seqlens_k is not None):
         return t

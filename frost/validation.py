@@ -6,17 +6,21 @@ SEMANTICS.md; they judge the call's arguments, never whether an engine supports
 them (that is each engine's ``check_support``).
 
 cu_seqlens and seqlens are read on the host (one device-to-host copy each) to check
-their values and to find the longest packed sequence.
+their values and to find the longest packed sequence. Those checks are
+``check_values``: a repeated call whose shapes, strides, dtypes and options were
+validated before (``frost.plans``) still runs them, since only the values can answer.
+
+This module reads the records of ``frost.records`` and never imports ``frost.problem``
+(which imports it).
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-if TYPE_CHECKING:
-    from frost.problem import Options, Problem, Tensors
+from frost.records import TENSOR_FIELDS, Grads, Options, Tensors
 
 IO_DTYPES = (torch.float16, torch.bfloat16)
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -52,40 +56,38 @@ def validate(direction: str, t: Tensors, options: Options) -> Extents:
     return extents
 
 
-def check_out(problem: Problem, out, tensors: Tensors):
-    """Check preallocated outputs (``out=``) against the problem; return them normalized.
+def check_out(direction: str, out, tensors: Tensors):
+    """Check preallocated outputs (``out=``) against the call's tensors; return them normalized.
 
     Forward: ``(o, lse)``. Backward: ``Grads`` (or a 5-tuple) of dq, dk, dv, dbias,
-    dsinks, with dbias given iff bias is and dsinks iff sinks is.
+    dsinks, with dbias given iff bias is and dsinks iff sinks is. The call itself must
+    have passed ``validate``.
     """
-    from frost.problem import Grads  # here: frost.problem imports this module
-
     if out is None:
         return None
-    device = torch.device(problem.device)
-    if problem.direction == "forward":
+    q, v = tensors.q, tensors.v
+    device, dtype = q.device, q.dtype
+    if direction == "forward":
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ValueError("out: expected a (o, lse) pair of tensors for the forward")
         o, lse = out
-        _check_out_tensor("out.o", o, problem.o_shape, problem.dtype, device)
-        _check_out_tensor("out.lse", lse, problem.lse_shape, torch.float32, device)
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (q.shape[1], q.shape[0])
+        _check_out_tensor("out.o", o, (*q.shape[:-1], v.shape[-1]), dtype, device)
+        _check_out_tensor("out.lse", lse, lse_shape, torch.float32, device)
         return o, lse
     if not isinstance(out, (tuple, list)) or len(out) != 5:
         raise ValueError("out: expected Grads(dq, dk, dv, dbias, dsinks) for the backward")
     grads = Grads(*out)
-    _check_out_tensor("out.dq", grads.dq, tuple(tensors.q.shape), problem.dtype, device)
-    _check_out_tensor("out.dk", grads.dk, tuple(tensors.k.shape), problem.dtype, device)
-    _check_out_tensor("out.dv", grads.dv, tuple(tensors.v.shape), problem.dtype, device)
-    for name, source, grad, dtype in (
-        ("dbias", tensors.bias, grads.dbias, problem.bias.dtype if problem.bias else None),
-        ("dsinks", tensors.sinks, grads.dsinks, torch.float32),
-    ):
+    _check_out_tensor("out.dq", grads.dq, tuple(q.shape), dtype, device)
+    _check_out_tensor("out.dk", grads.dk, tuple(tensors.k.shape), dtype, device)
+    _check_out_tensor("out.dv", grads.dv, tuple(v.shape), dtype, device)
+    for name, source, grad in (("dbias", tensors.bias, grads.dbias), ("dsinks", tensors.sinks, grads.dsinks)):
         if source is None and grad is not None:
             raise ValueError(f"out.{name}: must be None when {name[1:]} is not given")
         if source is not None:
             if grad is None:
                 raise ValueError(f"out.{name}: a tensor is required since {name[1:]} is given")
-            _check_out_tensor(f"out.{name}", grad, tuple(source.shape), dtype, device)
+            _check_out_tensor(f"out.{name}", grad, tuple(source.shape), source.dtype, device)
     return grads
 
 
@@ -103,9 +105,7 @@ def _check_out_tensor(name, x, shape, dtype, device) -> None:
 
 def _present(t: Tensors):
     """(name, tensor) for every tensor argument given, in argument order."""
-    names = ("q", "k", "v", "o", "lse", "do", "seqlens_q", "seqlens_k", "cu_seqlens_q",
-             "cu_seqlens_k", "bias", "sinks", "rope_cos", "rope_sin")  # fmt: skip
-    for name in names:
+    for name in TENSOR_FIELDS:
         x = getattr(t, name)
         if x is not None:
             yield ("rope" if name.startswith("rope") else name), x
@@ -199,8 +199,21 @@ def _check_dense(t: Tensors, options: Options) -> Extents:
     if v.shape[0] != batch or v.shape[1] != seqlen_k:
         raise ValueError(f"v: shape {tuple(v.shape)} does not match k's [B={batch}, Sk={seqlen_k}, ...]")
     _check_heads(t, head_axis=2)
-    for name, extent in (("seqlens_q", seqlen_q), ("seqlens_k", seqlen_k)):
-        x = getattr(t, name)
+    return _dense_values(t)
+
+
+def check_values(layout: str, t: Tensors, options: Options) -> Extents:
+    """The checks only the values of seqlens / cu_seqlens can answer, and the extents they give.
+
+    Part of ``validate``; run alone on a call whose every other fact was validated
+    before (same shapes, strides, dtypes, devices and options).
+    """
+    return _dense_values(t) if layout == "bshd" else _packed_values(t, options)
+
+
+def _dense_values(t: Tensors) -> Extents:
+    batch, seqlen_q, seqlen_k = t.q.shape[0], t.q.shape[1], t.k.shape[1]
+    for name, x, extent in (("seqlens_q", t.seqlens_q, seqlen_q), ("seqlens_k", t.seqlens_k, seqlen_k)):
         if x is None:
             continue
         values = _check_int_vector(name, x, batch)
@@ -228,7 +241,7 @@ def _check_cu_seqlens(name: str, x: torch.Tensor, rows: int, tensor: str) -> lis
 
 
 def _check_packed(t: Tensors, options: Options) -> Extents:
-    q, k, v = t.q, t.k, t.v
+    k, v = t.k, t.v
     for name in ("seqlens_q", "seqlens_k"):
         if getattr(t, name) is not None:
             raise ValueError(f"{name}: dense padding is for 4-dim inputs; packed inputs use cu_seqlens")
@@ -238,6 +251,11 @@ def _check_packed(t: Tensors, options: Options) -> Extents:
     if v.shape[0] != k.shape[0]:
         raise ValueError(f"v: has {v.shape[0]} rows but k has {k.shape[0]}")
     _check_heads(t, head_axis=1)
+    return _packed_values(t, options)
+
+
+def _packed_values(t: Tensors, options: Options) -> Extents:
+    q, k = t.q, t.k
     cu_q = _check_cu_seqlens("cu_seqlens_q", t.cu_seqlens_q, q.shape[0], "q")
     cu_k = _check_cu_seqlens("cu_seqlens_k", t.cu_seqlens_k, k.shape[0], "k")
     if len(cu_k) != len(cu_q):

@@ -33,17 +33,25 @@ def _differentiable(inputs):
 
 
 def _op_arguments(q, k, v, keywords):
+    """The ops' arguments after the leading tensors: the optional tensors, then the settings index."""
+    keywords = dict(keywords)
     window_left, window_right = keywords.pop("window")
-    cos, sin = keywords.pop("rope", None) or (None, None)
-    return (q, k, v), {**keywords, "window_left": window_left, "window_right": window_right,
-                       "rope_cos": cos, "rope_sin": sin}  # fmt: skip
+    keywords["rope_cos"], keywords["rope_sin"] = keywords.pop("rope", None) or (None, None)
+    optional = tuple(keywords.pop(name, None) for name in frost.ops.OPTIONAL_TENSORS)
+    settings = frost.ops.settings_id(
+        keywords.pop("scale", None), keywords.pop("causal", False), keywords.pop("causal_align", "top_left"),
+        window_left, window_right, keywords.pop("max_seqlen_q", None), keywords.pop("max_seqlen_k", None),
+        keywords.pop("deterministic", False), keywords.pop("engine", None),
+    )  # fmt: skip
+    assert not keywords, keywords
+    return (q, k, v), (*optional, settings)
 
 
 @pytest.mark.L0
 @pytest.mark.parametrize("name", OP_CASES)
 def test_opcheck_forward_op(name):
-    args, kwargs = _op_arguments(*_differentiable(make_inputs(OP_CASES[name])))
-    torch.library.opcheck(torch.ops.frost.sdpa_forward.default, args, kwargs)
+    leading, rest = _op_arguments(*_differentiable(make_inputs(OP_CASES[name])))
+    torch.library.opcheck(torch.ops.frost.sdpa_forward.default, (*leading, *rest))
 
 
 @pytest.mark.L0
@@ -51,8 +59,8 @@ def test_opcheck_forward_op(name):
 def test_opcheck_backward_op(name):
     inputs = make_inputs(OP_CASES[name])
     o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
-    (q, k, v), kwargs = _op_arguments(inputs.q, inputs.k, inputs.v, dict(inputs.keywords))
-    torch.library.opcheck(torch.ops.frost.sdpa_backward.default, (inputs.do, q, k, v, o, lse), kwargs)
+    (q, k, v), rest = _op_arguments(inputs.q, inputs.k, inputs.v, inputs.keywords)
+    torch.library.opcheck(torch.ops.frost.sdpa_backward.default, (inputs.do, q, k, v, o, lse, *rest))
 
 
 @pytest.mark.L0
@@ -83,8 +91,8 @@ def test_lse_carries_no_gradient_and_engine_forces_both_directions():
     o.sum().backward()  # a stride-0 gradient
     forward, backward = ledger.since(mark)
     assert (forward.engine, backward.engine, backward.problem.deterministic) == ("unfused", "unfused", True)
-    args, kwargs = _op_arguments(q, k, v, keywords)
-    _, lse = torch.ops.frost.sdpa_forward(*args, **kwargs)
+    leading, rest = _op_arguments(q, k, v, {**keywords, "deterministic": True})
+    _, lse = torch.ops.frost.sdpa_forward(*leading, *rest)
     assert not lse.requires_grad
 
 
@@ -103,4 +111,82 @@ def test_torch_compile_matches_eager(dynamic):
     step = torch.compile(_loss, backend="aot_eager", fullgraph=True, dynamic=dynamic)
     step(*compiled[:3], compiled[3]["bias"], inputs.do).backward()
     for a, b in zip((*eager[:3], eager[3]["bias"]), (*compiled[:3], compiled[3]["bias"])):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+@pytest.mark.L0
+def test_op_schemas_are_short_and_settings_are_one_int():
+    for op in (torch.ops.frost.sdpa_forward.default, torch.ops.frost.sdpa_backward.default):
+        arguments = op._schema.arguments
+        assert [a.name for a in arguments[-9:]] == [*frost.ops.OPTIONAL_TENSORS, "settings"]
+        assert str(arguments[-1].type) == "int" and all(a.default_value is None for a in arguments)
+    assert len(torch.ops.frost.sdpa_forward.default._schema.arguments) == 12
+
+
+@pytest.mark.L0
+def test_settings_side_table_keeps_values_and_their_types():
+    first = frost.ops.settings_id(0.5, True, "top_left", 3, 0, None, None, False, None)
+    assert frost.ops.settings_id(0.5, True, "top_left", 3, 0, None, None, False, None) == first
+    assert frost.ops.settings_id(0.5, 1, "top_left", 3, 0, None, None, False, None) != first
+    assert frost.ops.settings_id(0.5, True, "top_left", 3, 0, None, None, True, None) != first
+    settings = frost.ops._settings[first]
+    assert settings.forward.window == (3, 0) and not settings.forward.deterministic and settings.engine is None
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("keywords, message", [
+    ({"causal": 1}, "causal: expected a bool"),
+    ({"scale": [0.5]}, "scale: expected a finite number"),
+    ({"causal_align": "middle"}, "causal_align: expected one of"),
+    ({"engine": "sm99"}, "engine: unknown forward engine 'sm99'"),
+])  # fmt: skip
+def test_attention_rejects_bad_settings_like_sdpa_forward(keywords, message):
+    q, k, v = (torch.randn(1, 4, 2, 8, dtype=BF16, requires_grad=True) for _ in range(3))
+    before = ledger.mark()
+    with pytest.raises(ValueError, match="^" + message):
+        frost.attention(q, k, v, **keywords)
+    assert ledger.mark() == before
+
+
+@pytest.mark.L0
+def test_attention_without_grad_records_no_graph_and_reuses_the_plan():
+    inputs = make_inputs(Case(heads_q=2, heads_kv=2, seqlen_q=5, seqlen_k=5, head_dim_qk=8))
+    o = frost.attention(inputs.q, inputs.k, inputs.v, causal=True)
+    hits = frost.plans.cache.stats().hits
+    again = frost.attention(inputs.q, inputs.k, inputs.v, causal=True)
+    assert o.grad_fn is None and frost.plans.cache.stats().hits == hits + 1
+    torch.testing.assert_close(again, o, rtol=0, atol=0)
+    torch.testing.assert_close(o, frost.sdpa_forward(inputs.q, inputs.k, inputs.v, causal=True)[0], rtol=0, atol=0)
+
+
+@pytest.mark.L0
+def test_double_backward_raises():
+    inputs = make_inputs(Case(heads_q=2, heads_kv=2, seqlen_q=4, seqlen_k=4, head_dim_qk=8))
+    q, k, v, _ = _differentiable(inputs)
+    o = frost.attention(q, k, v)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        torch.autograd.grad(o, (q,), inputs.do, create_graph=True)  # the backward op would need a graph
+    (dq,) = torch.autograd.grad(o, (q,), inputs.do)
+    assert dq.grad_fn is None and dq.abs().sum() > 0
+
+
+def _two_settings_loss(q, k, v, sinks, do):
+    first = frost.attention(q, k, v, window=(2, 1), sinks=sinks, deterministic=True)
+    second = frost.attention(q, k, v, causal=True, scale=0.25)
+    return ((first + second) * do).sum()
+
+
+@pytest.mark.L0
+def test_torch_compile_bakes_each_calls_settings():
+    inputs = make_inputs(Case(heads_q=4, heads_kv=2, seqlen_q=8, seqlen_k=8, head_dim_qk=16, sinks=True))
+    eager, compiled = _differentiable(inputs), _differentiable(inputs)
+    loss = _two_settings_loss(*eager[:3], eager[3]["sinks"], inputs.do)
+    loss.backward()
+    torch.compiler.reset()
+    step = torch.compile(_two_settings_loss, backend="aot_eager", fullgraph=True)
+    compiled_loss = step(*compiled[:3], compiled[3]["sinks"], inputs.do)
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, loss, rtol=0, atol=0)
+    for a, b in zip((*eager[:3], eager[3]["sinks"]), (*compiled[:3], compiled[3]["sinks"])):
+        assert a.grad is not None
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)

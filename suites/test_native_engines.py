@@ -131,3 +131,66 @@ GPU_CASES = [
 def test_native_engines_match_oracle_on_cuda(case, engine):
     result = check(case, engine=engine)
     assert result.passed, result.describe()
+
+
+# Fresh outputs (out=None): the native plans allocate them uninitialized wherever they
+# write every element. Poisoned out= tensors show which elements a plan writes.
+FRESH_CASES = {
+    "dense": Case(heads_q=4, heads_kv=2, causal=True, causal_align="bottom_right", seqlen_q=6, seqlen_k=9),
+    "padding-bias-sinks": Case(lengths_q=(3, 7), lengths_k=(5, 2), bias="1H", sinks=True, seqlen_q=7, seqlen_k=5),
+    "thd": Case(layout="thd", lengths_q=(3, 0, 5), lengths_k=(4, 2, 6), tail_q=3, tail_k=2, bias="BH", sinks=True),
+}
+
+
+def _poisoned_like(x):
+    return None if x is None else torch.full_like(x, float("nan"))
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("engine", [None, "unfused"], ids=["routed", "unfused"])
+@pytest.mark.parametrize("name", ["dense", "padding-bias-sinks"])
+def test_dense_plans_write_every_output_element(name, engine):
+    import frost
+    from suites.harness import make_inputs
+
+    inputs = make_inputs(FRESH_CASES[name])
+    kw = inputs.keywords
+    o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **kw, engine=engine)
+    out = (torch.full_like(o, float("nan")), torch.full_like(lse, float("nan")))
+    frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **kw, engine=engine, out=out)
+    assert not any(x.isnan().any() for x in out)
+    torch.testing.assert_close(out, (o, lse), rtol=0, atol=0)
+    grads = frost.Grads(*(_poisoned_like(x) for x in (inputs.q, inputs.k, inputs.v, kw.get("bias"), kw.get("sinks"))))
+    frost.sdpa_backward(inputs.do, inputs.q, inputs.k, inputs.v, o, lse, **kw, engine=engine, out=grads)
+    assert not any(g.isnan().any() for g in grads if g is not None)
+
+
+@pytest.mark.L0
+def test_fresh_packed_outputs_read_zero_past_the_last_sequence():
+    import frost
+    from suites.harness import make_inputs
+
+    inputs = make_inputs(FRESH_CASES["thd"])
+    kw = inputs.keywords
+    end_q, end_k = (int(kw[name][-1]) for name in ("cu_seqlens_q", "cu_seqlens_k"))
+    assert end_q < inputs.q.shape[0] and end_k < inputs.k.shape[0]
+    o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **kw)
+    assert (o[end_q:] == 0).all() and (lse[:, end_q:] == 0).all()
+    grads = frost.sdpa_backward(inputs.do, inputs.q, inputs.k, inputs.v, o, lse, **kw)
+    assert (grads.dq[end_q:] == 0).all() and (grads.dk[end_k:] == 0).all() and (grads.dv[end_k:] == 0).all()
+
+
+@pytest.mark.L0
+def test_allocate_zero_keyword_keeps_zero_fill_the_default():
+    import frost
+    from frost.engines.base import allocate_backward, allocate_forward
+    from frost.problem import prepare
+
+    q, k, v = (torch.randn(1, 4, 2, 8, dtype=BF16) for _ in range(3))
+    problem, tensors = prepare("forward", q, k, v)
+    zeroed, empty = allocate_forward(problem), allocate_forward(problem, zero=False)
+    assert all((x == 0).all() for x in zeroed)
+    assert [(x.shape, x.dtype, x.is_contiguous()) for x in zeroed] == [(x.shape, x.dtype, True) for x in empty]
+    grads = allocate_backward(problem, tensors, zero=False)
+    assert isinstance(grads, frost.Grads) and grads.dq.shape == q.shape and grads.dbias is None
+    assert all((g == 0).all() for g in allocate_backward(problem, tensors)[:3])

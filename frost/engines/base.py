@@ -10,8 +10,9 @@ raised from ``compile`` for what only lowering can tell. Any other exception fro
 engine is a bug and propagates.
 
 Outputs: with ``out=None`` a plan allocates them with ``allocate_forward`` /
-``allocate_backward``, zero-filled, so rows an engine never writes (packed rows past
-``cu_seqlens[-1]``) read as zeros. With ``out=`` given (already checked against the
+``allocate_backward``, zero-filled by default, so rows an engine never writes (packed
+rows past ``cu_seqlens[-1]``) read as zeros; a plan that writes every element asks
+for ``zero=False`` and skips the fill. With ``out=`` given (already checked against the
 problem by ``frost.validation.check_out``) the plan writes into it and leaves those
 rows untouched, which lets test harnesses poison outputs before a launch.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -99,6 +101,14 @@ class Engine(abc.ABC):
     direction: str  # "forward" | "backward"
     native: bool  # True for torch fallbacks; False for frost's own kernels
     capabilities: Capabilities
+    # Counts attribute changes on any engine. frost.plans keeps compiled plans per call
+    # signature; a setting changed on an engine (a test switching a variant on) must not
+    # be answered with a plan lowered under the old one, so the cache compares this.
+    generation: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        Engine.generation += 1
 
     @property
     def family(self) -> str:
@@ -118,16 +128,21 @@ class Engine(abc.ABC):
         return f"<{type(self).__name__} {self.name!r} {self.direction}>"
 
 
-def allocate_forward(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero-filled, contiguous ``(o, lse)`` for the problem."""
-    o = torch.zeros(problem.o_shape, dtype=problem.dtype, device=problem.device)
-    lse = torch.zeros(problem.lse_shape, dtype=torch.float32, device=problem.device)
+def allocate_forward(problem: Problem, *, zero: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous ``(o, lse)`` for the problem: zero-filled, or uninitialized with ``zero=False``
+    for a plan that writes every element (packed rows past ``cu_seqlens[-1]`` included)."""
+    new = torch.zeros if zero else torch.empty
+    o = new(problem.o_shape, dtype=problem.dtype, device=problem.device)
+    lse = new(problem.lse_shape, dtype=torch.float32, device=problem.device)
     return o, lse
 
 
-def allocate_backward(problem: Problem, tensors: Tensors) -> Grads:
-    """Zero-filled, contiguous gradients shaped like their inputs; None where absent."""
+def allocate_backward(problem: Problem, tensors: Tensors, *, zero: bool = True) -> Grads:
+    """Contiguous gradients shaped like their inputs, None where absent: zero-filled, or
+    uninitialized with ``zero=False`` for a plan that writes every element."""
+    new = torch.zeros if zero else torch.empty
+
     def like(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+        return None if x is None else new(x.shape, dtype=x.dtype, device=x.device)
 
     return Grads(like(tensors.q), like(tensors.k), like(tensors.v), like(tensors.bias), like(tensors.sinks))

@@ -173,7 +173,8 @@ def _cuda_mask(mask: torch.Tensor, problem: Problem) -> torch.Tensor:
 class _TorchSdpaForwardPlan(Plan):
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         problem = self.problem
-        o, lse = out if out is not None else allocate_forward(problem)
+        # dense only, and o and lse are copied whole: nothing is left for a zero fill to define
+        o, lse = out if out is not None else allocate_forward(problem, zero=False)
         cpu = problem.device_type == "cpu"
         mask_dtype = torch.float32 if cpu else problem.dtype
         mask, dead = _without_dead_rows(_additive_mask(problem, tensors.bias, mask_dtype))
@@ -205,7 +206,8 @@ class _TorchSdpaBackwardPlan(Plan):
 
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         problem = self.problem
-        grads = out if out is not None else allocate_backward(problem, tensors)
+        # dense, no bias, no sinks: dq, dk and dv are copied whole
+        grads = out if out is not None else allocate_backward(problem, tensors, zero=False)
         group = problem.group_size
         mask = _additive_mask(problem, None, torch.float32)
         f32 = torch.float32  # as in the forward: float32 copies, what torch's CPU math backend computes in
@@ -260,7 +262,8 @@ def _blocks(problem: Problem, tensors: Tensors):
 class _UnfusedForwardPlan(Plan):
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         problem = self.problem
-        o, lse = out if out is not None else allocate_forward(problem)
+        # packed rows past cu_seqlens_q[-1] are never written and must read as zeros
+        o, lse = out if out is not None else allocate_forward(problem, zero=problem.layout == "thd")
         for rows_q, _, _, block in _blocks(problem, tensors):
             o_block, lse_block = unfused_math.forward(problem, block)
             if rows_q is None:
@@ -276,7 +279,9 @@ class _UnfusedBackwardPlan(Plan):
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         problem = self.problem
         t = tensors
-        grads = out if out is not None else allocate_backward(problem, t)
+        # packed rows past cu_seqlens[-1] are never written and must read as zeros; dbias
+        # and dsinks are copied whole from their accumulators
+        grads = out if out is not None else allocate_backward(problem, t, zero=problem.layout == "thd")
         # dbias and dsinks sum over sequences: accumulate in fp32, cast once.
         dbias = None if t.bias is None else torch.zeros(t.bias.shape, dtype=torch.float32, device=t.bias.device)
         dsinks = None if t.sinks is None else torch.zeros_like(t.sinks)

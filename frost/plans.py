@@ -1,0 +1,143 @@
+"""The plan cache: the fast path of a call whose like was served before.
+
+A call's signature is what its Problem and its validation depend on, read cheaply
+from the arguments: each tensor's shape, strides, dtype, device and whether its data
+pointer sits on 16 bytes; the non-tensor keywords with their types (``causal=1`` is
+not ``causal=True``: validation rejects one of them); the direction; the engine asked
+for. A first call with a signature goes the whole way (``frost.problem`` validates and
+builds the Problem, ``frost.dispatch.select`` routes and compiles); the plan it chose
+is kept under the signature. A later call with the same signature skips all of that
+and goes to ``frost.dispatch.run``, with two exceptions:
+
+- what only values can tell still runs on every call: ``validation.check_values``
+  reads seqlens / cu_seqlens on the host, raises the same ValueError the full path
+  would, and returns the extents that the values give (for packed input the longest
+  sequence is part of the Problem). The kept plans are keyed by those extents too;
+- ``out=`` is checked on every call that passes it.
+
+Validation lives in ``frost.validation`` only: a signature is remembered only after
+the full validation passed for it, and nothing here judges an argument.
+
+Plans are reused as long as the engine tables are the same objects and no engine's
+attribute changed (``Engine.generation``): a plan is a function of its Problem and
+its engine's settings. ``frost.route`` never uses the cache. ``cache.stats()`` counts
+hits and misses (tests assert reuse with it); ``cache.clear()`` forgets every plan.
+"""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import torch
+
+from frost import dispatch, validation
+from frost.engines.base import Engine
+from frost.problem import fill_seqlens, prepare_records
+from frost.records import Options, Tensors
+
+# Only plain tensors are keyed: a subclass may answer data_ptr() or stride() differently.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class _Uncacheable(Exception):
+    """A call whose signature cannot be read cheaply; it takes the full path."""
+
+
+def _tensor_key(x):
+    if x is None:
+        return None
+    if type(x) not in _PLAIN or x.layout is not torch.strided:
+        raise _Uncacheable
+    return x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0
+
+
+def signature(direction: str, t: Tensors, options: Options, engine) -> tuple:
+    """The call's signature (see the module docstring); raises ``_Uncacheable``."""
+    return (
+        direction, engine,
+        _tensor_key(t.q), _tensor_key(t.k), _tensor_key(t.v),
+        _tensor_key(t.o), _tensor_key(t.lse), _tensor_key(t.do),
+        _tensor_key(t.seqlens_q), _tensor_key(t.seqlens_k),
+        _tensor_key(t.cu_seqlens_q), _tensor_key(t.cu_seqlens_k),
+        _tensor_key(t.bias), _tensor_key(t.sinks), _tensor_key(t.rope_cos), _tensor_key(t.rope_sin),
+        *[(type(value), value) for value in options],
+    )  # fmt: skip
+
+
+class _Entry:
+    """One signature whose full validation passed: its plans by the extents values gave."""
+
+    __slots__ = ("layout", "table", "generation", "served")
+
+    def __init__(self, layout: str, table, generation: int):
+        self.layout, self.table, self.generation = layout, table, generation
+        self.served: dict[validation.Extents, dispatch.Served] = {}
+
+    def current(self, direction: str) -> bool:
+        return self.table is dispatch.engines(direction) and self.generation == Engine.generation
+
+
+class CacheStats(NamedTuple):
+    hits: int
+    misses: int
+    entries: int  # signatures kept
+
+
+class PlanCache:
+    """Plans by call signature, bounded: the oldest signature goes when ``capacity`` is reached.
+
+    Packed calls keep at most ``per_signature`` plans per signature (one per distinct
+    longest sequence); past that the signature's plans are dropped and rebuilt.
+    """
+
+    def __init__(self, capacity: int = 1024, per_signature: int = 64):
+        self.capacity, self.per_signature = capacity, per_signature
+        self._entries: dict[tuple, _Entry] = {}
+        self._lock = threading.Lock()
+        self._hits = self._misses = 0
+
+    def serve(self, direction: str, tensors: Tensors, options: Options, engine=None, out=None):
+        """Validate (fully, or the values only on a hit), select and run one call."""
+        try:
+            key = signature(direction, tensors, options, engine)
+            entry = self._entries.get(key)
+        except (_Uncacheable, TypeError, RuntimeError):  # unhashable options; a tensor without storage
+            key = entry = None
+        if entry is not None and entry.current(direction):
+            extents = validation.check_values(entry.layout, tensors, options)
+            served = entry.served.get(extents)
+            if served is not None:
+                self._hits += 1
+                tensors = fill_seqlens(served.problem, tensors)
+                if out is not None:
+                    out = validation.check_out(direction, out, tensors)
+                return dispatch.run(served, tensors, out)
+        self._misses += 1
+        problem, tensors, extents = prepare_records(direction, tensors, options)
+        out = validation.check_out(direction, out, tensors)
+        served = dispatch.select(problem, engine=engine)
+        if key is not None:
+            self._keep(key, direction, extents, served)
+        return dispatch.run(served, tensors, out)
+
+    def _keep(self, key: tuple, direction: str, extents, served: dispatch.Served) -> None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or not entry.current(direction):
+                if len(self._entries) >= self.capacity:
+                    self._entries.pop(next(iter(self._entries)))
+                entry = _Entry(served.problem.layout, dispatch.engines(direction), Engine.generation)
+                self._entries[key] = entry
+            if len(entry.served) >= self.per_signature:
+                entry.served.clear()
+            entry.served[extents] = served
+
+    def stats(self) -> CacheStats:
+        return CacheStats(self._hits, self._misses, len(self._entries))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+cache = PlanCache()
