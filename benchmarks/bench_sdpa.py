@@ -14,7 +14,9 @@ the timed region), and the row says so. The last line of each table is the
 minimum frost/flash ratio.
 
 ``--variants`` adds backward columns for the engine's choices, forced one at a
-time through the plan: ``w4`` (dQ reduced 4 floats at a time, SM90), ``hf_off`` / ``hf_on``
+time through the plan: ``det_ord`` (deterministic mode with dQ reduced in a fixed order
+instead of recomputed; ``det_ord cost`` its time over the default plan's), ``w4`` (dQ reduced 4
+floats at a time, SM90), ``hf_off`` / ``hf_on``
 (launch order), ``nosplit`` (GQA group unsplit).
 
 TFLOP/s = 4*B*H*S^2*D (halved for causal) / time for the forward; the backward
@@ -148,6 +150,12 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
             forced["w4"] = dict(dq_reduce_width=4)
         if hq != hkv:
             forced["nosplit"] = dict(split=1)
+        det_problem, det_tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, causal=causal,
+                                           deterministic=True)
+        ordered = Sm80Backward(ordered_dq=True).compile(det_problem)
+        space = torch.empty(ordered.workspace_bytes, dtype=torch.uint8, device="cuda")
+        row["det_ord"] = flops / _bench(lambda: ordered.execute(det_tensors, out=grads, workspace=space), reps_ms) / 1e9
+        row["det_ord cost"] = row["frost_plan"] / row["det_ord"]
         for name, choice in forced.items():
             variant = Sm80Backward(**choice).compile(problem)
             space = torch.empty(variant.workspace_bytes, dtype=torch.uint8, device="cuda")
@@ -171,13 +179,14 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
 
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
-    extra = [c for c in ("split", "frost_det", "det cost", "w4", "hf_off", "hf_on", "nosplit") if c in first]
+    extra = [c for c in ("split", "frost_det", "det cost", "det_ord", "det_ord cost", "w4", "hf_off", "hf_on",
+                         "nosplit") if c in first]
     cols = ["direction", "B", "S", "Hq", "Hkv", "d", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS,
             "frost/flash"]
     print("| " + " | ".join(cols) + " | notes |")
     print("|" + "---|" * (len(cols) + 1))
     for r in rows:
-        cells = [f"{r[c]:.3f}" if c in ("frost/flash", "det cost") else f"{r[c]:.1f}" if isinstance(r.get(c), float)
+        cells = [f"{r[c]:.3f}" if c in ("frost/flash", "det cost", "det_ord cost") else f"{r[c]:.1f}" if isinstance(r.get(c), float)
                  else str(r.get(c, "")) for c in cols]  # fmt: skip
         print("| " + " | ".join(cells) + " | " + "; ".join(r["notes"]) + " |")
     worst = min(rows, key=lambda r: r["frost/flash"])

@@ -96,7 +96,9 @@ class Sm80Backward(Engine):
       forces a width (2 and 4 need SM90);
     - the GQA split: the query heads of a group are spread over CTAs when the unsplit grid
       would be under two waves of the device's SMs (``split`` forces a count; 1 disables);
-    - heavy-first launch order for causal / right-windowed problems (``heavy_first`` forces it).
+    - heavy-first launch order for causal / right-windowed problems (``heavy_first`` forces it);
+    - in deterministic mode, how dQ is made: by the ``bwd_dq`` recompute pass (default), or with
+      ``ordered_dq`` by the main kernel's reductions in a fixed order (sm80/bwd.py, "Ordered dQ").
     """
 
     name = "sdpa_bwd_sm80"
@@ -106,10 +108,11 @@ class Sm80Backward(Engine):
     capabilities = SM80_CAPABILITIES
 
     def __init__(self, dq_reduce_width: int = 1, split: int | None = None,
-                 heavy_first: bool | None = None):
+                 heavy_first: bool | None = None, ordered_dq: bool = False):
         self.dq_reduce_width = dq_reduce_width
         self.split = split
         self.heavy_first = heavy_first
+        self.ordered_dq = ordered_dq
 
     def check_support(self, problem: Problem) -> str | None:
         return super().check_support(problem) or sm80_decline(problem)
@@ -118,18 +121,19 @@ class Sm80Backward(Engine):
         from frost.kernels.sm80 import compile as sm80_compile
         from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdPreParams
 
-        main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first)
+        main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
+                                        self.ordered_dq)
         pre = BwdPreParams(
             dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
-            accum_tile_m=0 if problem.deterministic else main.tile_m,
+            accum_tile_m=main.tile_m if main.reduces_dq else 0, dq_counters=main.dq_ordered,
         )
-        if problem.deterministic:
-            last = BwdDqParams.of(main)
-            compiled_last = sm80_compile.compile_bwd_dq(last)
-        else:
+        if main.reduces_dq:
             last = BwdConvertParams.of(main)
             compiled_last = sm80_compile.compile_bwd_convert(last)
+        else:
+            last = BwdDqParams.of(main)
+            compiled_last = sm80_compile.compile_bwd_dq(last)
         return _Sm80BackwardPlan(
             problem, splits, (pre, main, last),
             (sm80_compile.compile_bwd_pre(pre), sm80_compile.compile_bwd(main), compiled_last),
@@ -152,7 +156,8 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
     return group
 
 
-def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, heavy_first=None):
+def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, heavy_first=None,
+                     ordered_dq: bool = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward)."""
     from frost.kernels.sm80.config import bwd_params_for
 
@@ -160,14 +165,14 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
         dtype=_DTYPE_NAMES[problem.dtype], head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v,
         layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
         window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
-        deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width,
+        deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_ordered=ordered_dq,
     )
     if split is None:
         sms = _sm_count(problem.device) if problem.device_type == "cuda" else 132
         split = group_split(problem, main.tile_n, sms)
     split = math.gcd(split, problem.heads_q // problem.heads_kv)  # a forced count must divide the group
-    if heavy_first is None:
-        heavy_first = main.has_window_right
+    if heavy_first is None or main.dq_ordered:  # ordered dQ needs key blocks launched highest first
+        heavy_first = main.has_window_right and not main.dq_ordered
     main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first).validate()
     return main, split
 
@@ -203,7 +208,8 @@ class _Sm80ForwardPlan(Plan):
 
 class _Workspace:
     """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32);
-    the flat fp32 dQ accumulator (default mode; layout in sm80/seqlen.py); per-block dsink
+    the flat fp32 dQ accumulator (default mode; layout in sm80/seqlen.py) and, ordered
+    deterministic mode, int32 counters per query block; per-block dsink
     partials (with sinks); fp32 dK / dV partials (split GQA groups)."""
 
     ALIGN = 256
@@ -211,12 +217,14 @@ class _Workspace:
     def __init__(self, problem: Problem, splits: int, pre, main):
         p = problem
         self.parts: list[tuple[str, tuple[int, ...]]] = [("d", p.lse_shape), ("lse2", p.lse_shape)]
-        if not p.deterministic:
+        if main.reduces_dq:
             if p.layout == "thd":
                 accum = (p.heads_q, (p.total_q + p.batch * main.tile_m) * main.tile_hdim)
             else:
                 accum = (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
             self.parts.append(("dq_accum", accum))
+        if main.dq_ordered:  # int32, one per (sequence, head, query block)
+            self.parts.append(("dq_counters", (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m))))
         if p.has_sinks:
             self.parts.append(("dsink_partial", (p.heads_q, p.batch * pre.num_m_blocks(p.seqlen_q))))
         if splits > 1:
@@ -234,7 +242,8 @@ class _Workspace:
         views = {}
         for name, shape in self.parts:
             start = self.offsets[name]
-            views[name] = buffer[start : start + 4 * math.prod(shape)].view(torch.float32).view(shape)
+            dtype = torch.int32 if name == "dq_counters" else torch.float32
+            views[name] = buffer[start : start + 4 * math.prod(shape)].view(dtype).view(shape)
         return views
 
 
@@ -290,122 +299,6 @@ def _allocate_forward(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
         return allocate_forward(problem)
     o = torch.empty(problem.o_shape, dtype=problem.dtype, device=problem.device)
     return o, torch.empty(problem.lse_shape, dtype=torch.float32, device=problem.device)
-
-
-def _vector_aligned(x: torch.Tensor) -> bool:
-    return x.data_ptr() % 16 == 0 and all(s % VECTOR_ELEMENTS == 0 for s in x.stride()[:-1]) and x.stride(-1) == 1
-
-
-class _Sm80ForwardPlan(Plan):
-    def __init__(self, problem: Problem, params, compiled):
-        super().__init__(problem)
-        self.params = params
-        self._compiled = compiled
-
-    def execute(self, tensors: Tensors, *, out=None, workspace=None):
-        from frost.kernels.sm80.compile import launch_fwd
-
-        p = self.problem
-        o, lse = out if out is not None else _allocate_forward(p)
-        # a caller's o with rows the 16-byte stores cannot address goes through a staging copy
-        o_kernel = o if _vector_aligned(o) else torch.empty(p.o_shape, dtype=p.dtype, device=o.device)
-        launch_fwd(
-            self._compiled, tensors.q, tensors.k, tensors.v, o_kernel, lse,
-            scale=p.scale, window_left=p.window_left, window_right=p.window_right,
-            cu_seqlens_q=tensors.cu_seqlens_q, cu_seqlens_k=tensors.cu_seqlens_k,
-            seqlens_q=tensors.seqlens_q, seqlens_k=tensors.seqlens_k, sinks=tensors.sinks,
-            max_seqlen_q=p.seqlen_q,
-        )
-        if o_kernel is not o:
-            _copy_rows(p.layout, tensors.cu_seqlens_q, o_kernel, o)
-        return o, lse
-
-
-class _Workspace:
-    """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32);
-    the flat fp32 dQ accumulator (default mode; layout in sm80/seqlen.py); per-block dsink
-    partials (with sinks); fp32 dK / dV partials (split GQA groups)."""
-
-    ALIGN = 256
-
-    def __init__(self, problem: Problem, splits: int, pre, main):
-        p = problem
-        self.parts: list[tuple[str, tuple[int, ...]]] = [("d", p.lse_shape), ("lse2", p.lse_shape)]
-        if not p.deterministic:
-            if p.layout == "thd":
-                accum = (p.heads_q, (p.total_q + p.batch * main.tile_m) * main.tile_hdim)
-            else:
-                accum = (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
-            self.parts.append(("dq_accum", accum))
-        if p.has_sinks:
-            self.parts.append(("dsink_partial", (p.heads_q, p.batch * pre.num_m_blocks(p.seqlen_q))))
-        if splits > 1:
-            rows = (p.total_k,) if p.layout == "thd" else (p.batch, p.seqlen_k)
-            for name in ("dk_partial", "dv_partial"):
-                self.parts.append((name, (splits, *rows, p.heads_kv, main.tile_hdim)))
-        self.offsets = {}
-        offset = 0
-        for name, shape in self.parts:
-            self.offsets[name] = offset
-            offset += -(-4 * math.prod(shape) // self.ALIGN) * self.ALIGN
-        self.nbytes = offset
-
-    def carve(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-        views = {}
-        for name, shape in self.parts:
-            start = self.offsets[name]
-            views[name] = buffer[start : start + 4 * math.prod(shape)].view(torch.float32).view(shape)
-        return views
-
-
-class _Sm80BackwardPlan(Plan):
-    def __init__(self, problem: Problem, splits: int, params, compiled):
-        super().__init__(problem)
-        self.params = params  # (pre, main, convert or deterministic dq)
-        self.splits = splits
-        self._compiled = compiled
-        self._workspace = _Workspace(problem, splits, params[0], params[1])
-
-    @property
-    def workspace_bytes(self) -> int:
-        return self._workspace.nbytes
-
-    def execute(self, tensors: Tensors, *, out=None, workspace=None):
-        from frost.kernels.sm80.compile import launch_bwd
-
-        p, t = self.problem, tensors
-        grads = Grads(*out) if out is not None else _allocate_grads(p, t)
-        if workspace is None:
-            workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=t.q.device)
-        scratch = self._workspace.carve(workspace)
-        staged = [g if _vector_aligned(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device)
-                  for g in grads[:3]]
-        launch_bwd(
-            *self._compiled, t, *staged, grads.dsinks, scratch, splits=self.splits,
-            scale=p.scale, window_left=p.window_left, window_right=p.window_right,
-            max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
-        )
-        for kernel_out, given, rows in zip(staged, grads[:3], (t.cu_seqlens_q, t.cu_seqlens_k, t.cu_seqlens_k)):
-            if kernel_out is not given:
-                _copy_rows(p.layout, rows, kernel_out, given)
-        return grads
-
-
-def _allocate_grads(problem: Problem, tensors: Tensors) -> Grads:
-    """Dense gradients come from torch.empty: the chain writes every element of dq, dk, dv
-    (padded rows as zeros). Packed ones stay zero-filled: rows past cu_seqlens[-1] are never
-    written and must read as zeros (engines/base.py)."""
-    if problem.layout == "thd":
-        return allocate_backward(problem, tensors)
-    grads = allocate_backward_empty(tensors)
-    return grads
-
-
-def allocate_backward_empty(tensors: Tensors) -> Grads:
-    def like(x):
-        return None if x is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-    return Grads(like(tensors.q), like(tensors.k), like(tensors.v), like(tensors.bias), like(tensors.sinks))
 
 
 def _copy_rows(layout: str, cu_seqlens, src: torch.Tensor, dst: torch.Tensor) -> None:

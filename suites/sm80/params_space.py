@@ -42,21 +42,23 @@ def admitted_bwd_params() -> list:
     """Every params record of every kernel of the backward chain (bwd_pre, bwd, and bwd_convert
     or bwd_dq), as ``frost.engines.sm80.backward_choices`` can produce them."""
     seen: dict = {}
-    for dtype, dims, layout, window, bottom_right, sinks, deterministic, width, split in itertools.product(
+    modes = ((False, 1, False), (False, 4, False), (True, 1, False), (True, 1, True))  # det, width, ordered
+    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, ordered), split in itertools.product(
         ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True),
-        (False, True), (False, True), (1, 4), (False, True),
+        (False, True), modes, (False, True),
     ):
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
-            dq_reduce_width=width,
+            dq_reduce_width=width, dq_ordered=ordered,
         )
-        main = dataclasses.replace(main, split_group=split, heavy_first=main.has_window_right).validate()
+        heavy_first = main.has_window_right and not ordered
+        main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first).validate()
         seen[main] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
-                          has_seqlens=layout[1], has_sinks=sinks,
-                          accum_tile_m=0 if deterministic else main.tile_m)] = None
-        seen[BwdDqParams.of(main) if deterministic else BwdConvertParams.of(main)] = None
+                          has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,
+                          dq_counters=ordered)] = None
+        seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
     return list(seen)
 
 

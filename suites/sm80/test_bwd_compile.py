@@ -55,6 +55,7 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     assert {p.dq_reduce_width for p in mains} == {1, 4}
     assert {p.split_group for p in mains} == {False, True}
     assert {p.heavy_first for p in mains} == {False, True}
+    assert {p.dq_ordered for p in mains} == {False, True}
     assert all(p.validate() is p for p in ALL)
     # every new field of every record is compiled in L0 with each of its values
     for kind in kinds:
@@ -112,7 +113,7 @@ def test_wide_dq_reductions_compile_for_sm90_and_refuse_the_deterministic_mode()
     wide = dataclasses.replace(default, dq_reduce_width=4)
     assert wide.target_arch == "sm_90" and default.target_arch == "sm_80"
     assert sm80_compile.compile_bwd(wide) is not None
-    with pytest.raises(ValueError, match="no dQ reductions"):
+    with pytest.raises(ValueError, match="one float at a time"):
         dataclasses.replace(default, deterministic=True, dq_reduce_width=4).validate()
     with pytest.raises(ValueError, match="dq_reduce_width"):
         dataclasses.replace(default, dq_reduce_width=3).validate()
@@ -134,6 +135,26 @@ def test_group_split_reaches_two_waves(heads, lengths, sms, want):
     k = torch.randn(b, s, heads[1], 64, dtype=torch.bfloat16)
     problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(b, heads[0], s), do=q, causal=True)
     assert group_split(problem, 128, sms) == want
+
+
+@pytest.mark.L0
+def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
+    """With ordered_dq the deterministic chain is bwd_pre (zeroing accumulator and counters), the
+    main kernel reducing dQ in order, and bwd_convert: no bwd_dq pass; its records say so."""
+    q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 2, 64, dtype=torch.bfloat16)
+    problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True,
+                                deterministic=True)
+    ordered = Sm80Backward(ordered_dq=True).compile(problem)
+    pre, main, last = ordered.params
+    assert main.deterministic and main.dq_ordered and not main.heavy_first
+    assert pre.dq_counters and pre.accum_tile_m == main.tile_m and isinstance(last, BwdConvertParams)
+    recompute = Sm80Backward().compile(problem)
+    assert isinstance(recompute.params[2], BwdDqParams) and not recompute.params[1].dq_ordered
+    with pytest.raises(ValueError, match="dq_ordered"):
+        dataclasses.replace(main, heavy_first=True).validate()
+    with pytest.raises(ValueError, match="dq_ordered"):
+        dataclasses.replace(main, deterministic=False).validate()
 
 
 @pytest.mark.L0

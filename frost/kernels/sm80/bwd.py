@@ -29,6 +29,17 @@ room past its end), and ``sm80/bwd_convert`` reads the chunk back in the same
 order, scales it and stores dq. ``dq_reduce_width`` 2 or 4 use
 red.global.add.v2/v4.f32 (SM90).
 
+Ordered dQ (``dq_ordered``, deterministic mode): the same reductions, but each
+query block's contributions arrive in a fixed order, key blocks from the
+highest down. Before reducing into block (h, m), thread 0 waits until the
+block's counter says every higher key block that sees it has added its share
+(the count follows from the mask: ``ordered_turn``); after the dK product
+(under which the reductions drain) every thread fences and thread 0 releases
+the counter by one. Key blocks are launched highest first, so a CTA only ever
+waits on CTAs launched before it (no deadlock), and under a causal mask the
+block above is one query block ahead of it (little waiting). Fixed order, fixed
+fp32 sums: bitwise reproducible, with no dQ recompute pass.
+
 Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
 fp32 partials when split). Key rows past Sk_b inside the padded extent are
 written as zeros.
@@ -57,11 +68,13 @@ CHECK_HDIM_QK, CHECK_HDIM_V = P.partial_hdim_qk, P.partial_hdim_v
 PACKED = P.layout == "thd"
 STAGES = 2  # Q and dO buffers: step i+1 loads while step i computes
 DQ_WIDTH = P.dq_reduce_width
+ORDERED = P.dq_ordered
 
 
 class BwdTensors(NamedTuple):
-    """The kernel's global tensors: dq_accum None in deterministic mode; dk, dv fp32
-    partials with a leading split index when ``split_group``."""
+    """The kernel's global tensors: dq_accum None in deterministic mode (unless ``dq_ordered``,
+    which adds dq_counters, int32 (B, H, query blocks)); dk, dv fp32 partials with a leading
+    split index when ``split_group``."""
 
     q: cute.Tensor
     k: cute.Tensor
@@ -70,6 +83,7 @@ class BwdTensors(NamedTuple):
     lse2: cute.Tensor
     d: cute.Tensor
     dq_accum: cute.Tensor | None
+    dq_counters: cute.Tensor | None
     dk: cute.Tensor
     dv: cute.Tensor
 
@@ -90,7 +104,7 @@ class BwdSetup(NamedTuple):
 @cute.jit
 def sdpa_bwd(
     mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor,
-    mdQaccum: cute.Tensor | None, mdK: cute.Tensor, mdV: cute.Tensor,
+    mdQaccum: cute.Tensor | None, mdQcounters: cute.Tensor | None, mdK: cute.Tensor, mdV: cute.Tensor,
     mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None,
     mSeqlensQ: cute.Tensor | None, mSeqlensK: cute.Tensor | None,
     scale: Float32, scale_log2: Float32, window_left: Int32, window_right: Int32, max_seqlen_k: Int32,
@@ -123,7 +137,7 @@ def sdpa_bwd(
     else:
         grid = [num_n_blocks, head_slots, num_batch]
     bwd_kernel(
-        BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdK, mdV),
+        BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
         scale, scale_log2, window_left, window_right, num_splits, setup, SharedStorage,
     ).launch(grid=grid, block=[NUM_THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
@@ -134,7 +148,7 @@ def bwd_kernel(
     tensors: BwdTensors, lengths: SeqlenTensors, scale: Float32, scale_log2: Float32,
     window_left: Int32, window_right: Int32, num_splits: Int32, setup: BwdSetup, SharedStorage: cutlass.Constexpr,
 ):
-    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdK, mdV = tensors
+    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV = tensors
     tidx, _, _ = cute.arch.thread_idx()
     if const_expr(P.heavy_first):
         # key blocks are the grid's slowest index: under a causal mask the lowest ones see the
@@ -142,6 +156,8 @@ def bwd_kernel(
         head_slot, batch, n_block = cute.arch.block_idx()
     else:
         n_block, head_slot, batch = cute.arch.block_idx()
+        if const_expr(ORDERED):
+            n_block = cute.arch.grid_dim()[0] - 1 - n_block  # highest first: see "Ordered dQ"
     head_kv = head_slot // num_splits
     split = head_slot % num_splits
     seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
@@ -195,9 +211,18 @@ def bwd_kernel(
         step.stash_p_ds(acc_P, acc_dS)
         cute.arch.barrier()  # P, dS complete in shared memory
         step.accumulate_dv(acc_dV, stage)
-        if const_expr(not P.deterministic):
-            step.reduce_dq(seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM), tidx)
-        step.accumulate_dk(acc_dK, stage)
+        if const_expr(P.reduces_dq):
+            acc_dQ = step.dq_product()
+            counter = None
+            if const_expr(ORDERED):
+                counter = mdQcounters.iterator + cute.crd2idx((batch, head, m_block), mdQcounters.layout)
+                wait_turn(counter, ordered_turn(mask, n_block, m_block), tidx)
+            reduce_dq(acc_dQ, seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM), tidx)
+            step.accumulate_dk(acc_dK, stage)
+            if const_expr(ORDERED):
+                pass_turn(counter, tidx)
+        else:
+            step.accumulate_dk(acc_dK, stage)
 
     # ---- epilogue ------------------------------------------------------------------
     acc_dK.store(acc_dK.load() * scale)
@@ -344,20 +369,60 @@ class QueryBlockStep:
                       self.tdKsQt[None, None, None, stage], self.copy_At_dkv, self.copy_Bt_dkv)
 
     @cute.jit
-    def reduce_dq(self, g_chunk: cute.Tensor, tidx):
-        """dQ = dS.K (unscaled: sm80/bwd_convert scales), reduced into this query block's chunk
-        of the flat accumulator in fragment order (module docstring)."""
+    def dq_product(self) -> cute.Tensor:
+        """dQ = dS.K of this step, unscaled (sm80/bwd_convert scales), in the dq MMA's fragment."""
         acc_dQ = cute.make_rmem_tensor(self.acc_shape_dQ, Float32)
         acc_dQ.fill(0.0)
         tiles.gemm_ss(self.tiled_mma_dq, acc_dQ, self.tdQrdS, self.tdQrKt, self.tdQsdS, self.tdQsKt,
                       self.copy_A_dq, self.copy_Bt_dq)
-        for j in cutlass.range_constexpr(cute.size(acc_dQ) // DQ_WIDTH):
-            target = g_chunk.iterator + (j * NUM_THREADS + tidx) * DQ_WIDTH
-            if const_expr(DQ_WIDTH == 1):
-                cute.arch.atomic_add(target, acc_dQ[j])
-            else:
-                values = cute.make_tensor(acc_dQ.iterator + DQ_WIDTH * j, cute.make_layout(DQ_WIDTH)).load()
-                cute.arch.atomic_add(target, values)
+        return acc_dQ
+
+
+@cute.jit
+def reduce_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
+    """Reduce a dQ fragment into its query block's chunk of the flat accumulator, in fragment
+    order (module docstring): a warp's reductions cover whole 128-byte lines."""
+    for j in cutlass.range_constexpr(cute.size(acc_dQ) // DQ_WIDTH):
+        target = g_chunk.iterator + (j * NUM_THREADS + tidx) * DQ_WIDTH
+        if const_expr(DQ_WIDTH == 1):
+            cute.arch.atomic_add(target, acc_dQ[j])
+        else:
+            values = cute.make_tensor(acc_dQ.iterator + DQ_WIDTH * j, cute.make_layout(DQ_WIDTH)).load()
+            cute.arch.atomic_add(target, values)
+
+
+@cute.jit
+def ordered_turn(mask: AttentionMask, n_block, m_block) -> Int32:
+    """How many key blocks reduce into query block ``m_block`` before ``n_block`` does: those
+    above it that see the block (the order is highest first). Every key block n' > n of a
+    visible band sees m_block iff its first visible query block is at most m_block (the last
+    one only grows with n'), which under a right window is n' * TILE_N < (m_block + 1) * TILE_M
+    + delta + window_right (AttentionMask.m_block_range, solved for n')."""
+    last = cute.ceil_div(mask.seqlen_k, TILE_N) - 1
+    if const_expr(P.has_window_right):
+        # a window past the sequence bounds nothing; clamping it keeps the sum in range
+        bound = (m_block + 1) * TILE_M + mask.delta + cutlass.min(mask.window_right, mask.seqlen_k)
+        last = cutlass.min(last, (bound - 1) // TILE_N)
+    return last - n_block
+
+
+@cute.jit
+def wait_turn(counter, turn: Int32, tidx):
+    """Thread 0 spins (acquire) until ``turn`` key blocks have released the counter; then all go."""
+    if tidx == 0:
+        seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+        while seen < turn:
+            seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+    cute.arch.barrier()
+
+
+@cute.jit
+def pass_turn(counter, tidx):
+    """Every thread's reductions are visible device-wide before thread 0 releases the counter."""
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.barrier()
+    if tidx == 0:
+        cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
 
 
 @dataclass(frozen=True)

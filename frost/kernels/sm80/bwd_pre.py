@@ -17,6 +17,9 @@ dense, [H, T] packed):
 
 Packed rows past a sequence belong to the next one and are not written.
 
+With ``dq_counters`` it also zeroes the ordered deterministic mode's
+counters, one per (sequence, head, accumulator chunk).
+
 With ``accum_tile_m`` (the default mode) it also zeroes the flat dQ
 accumulator that ``sm80/bwd`` reduces into (layout: ``seqlen.py``): CTA m
 zeroes floats ``[m, m + 1) * tile_m * tile_hdim`` of its (sequence, head)
@@ -57,6 +60,7 @@ class BwdPreTensors(NamedTuple):
     sinks: cute.Tensor | None
     dsink_partial: cute.Tensor | None
     dq_accum: cute.Tensor | None
+    dq_counters: cute.Tensor | None
 
 
 @cute.jit
@@ -71,6 +75,7 @@ def sdpa_bwd_pre(
     mSinks: cute.Tensor | None,
     mDsinkPartial: cute.Tensor | None,
     mdQaccum: cute.Tensor | None,
+    mdQcounters: cute.Tensor | None,
     max_seqlen_q: Int32,
     stream,
 ):
@@ -78,20 +83,24 @@ def sdpa_bwd_pre(
     num_chunks, num_heads, num_batch = launch_extents(mO, mCuSeqlensQ, max_seqlen_q, extent_tile, PACKED)
     num_m_blocks = num_chunks * (extent_tile // TILE_M)
     bwd_pre_kernel(
-        BwdPreTensors(mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum),
+        BwdPreTensors(mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum, mdQcounters),
         tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
     ).launch(grid=[num_m_blocks, num_heads, num_batch], block=[NUM_THREADS, 1, 1], smem=128, stream=stream)
 
 
 @cute.kernel
 def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
-    mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum = tensors
+    mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum, mdQcounters = tensors
     tidx, _, _ = cute.arch.thread_idx()
     m_block, head, batch = cute.arch.block_idx()
     # keys are not read here: the query side's lengths stand in for them
     seqlen = SeqlenInfo.create(batch, mO, mO, SeqlenTensors(mCuSeqlensQ, mCuSeqlensQ, mSeqlensQ, mSeqlensQ))
     if const_expr(ACCUM_TILE_M > 0):
         zero_accum_rows(mdQaccum, seqlen, batch, head, m_block, tidx)
+    if const_expr(P.dq_counters):
+        # one counter per accumulator chunk: the chunk's first CTA here zeroes it
+        if tidx == 0 and (m_block * TILE_M) % ACCUM_TILE_M == 0:
+            mdQcounters[batch, head, m_block * TILE_M // ACCUM_TILE_M] = Int32(0)
 
     # (TILE_M, TILE_HDIM) tiles of O and dO; read straight into registers
     gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))

@@ -115,8 +115,9 @@ def _build_bwd_pre(params: BwdPreParams):
         if params.has_sinks else None
     )
     dq_accum = fake_dq_accum(packed) if params.accum_tile_m else None
+    counters = fake_dq_counters() if params.dq_counters else None
     return cute.compile(
-        module.sdpa_bwd_pre, o, do, lse, d, lse2, cu_q, seqlens_q, sinks, partial, dq_accum, Int32(0),
+        module.sdpa_bwd_pre, o, do, lse, d, lse2, cu_q, seqlens_q, sinks, partial, dq_accum, counters, Int32(0),
         make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(),
     )
 
@@ -126,6 +127,12 @@ def fake_dq_accum(packed: bool):
     rank = 2 if packed else 3
     shape = tuple(cute.sym_int() for _ in range(rank))
     return make_fake_compact_tensor(Float32, shape, stride_order=tuple(reversed(range(rank))), assumed_align=16)
+
+
+def fake_dq_counters():
+    """The ordered deterministic mode's int32 counters: (B, H, query blocks), compact."""
+    shape = tuple(cute.sym_int() for _ in range(3))
+    return make_fake_compact_tensor(Int32, shape, stride_order=(2, 1, 0), assumed_align=4)
 
 
 def fake_partials(packed: bool, tile_hdim: int):
@@ -153,13 +160,14 @@ def _build_bwd(params: BwdParams):
     else:
         dk, dv = fake_rows_tensor(dtype, packed, dim_qk), fake_rows_tensor(dtype, packed, dim_v)
     lse2, d = fake_lse_tensor(packed), fake_lse_tensor(packed)
-    dq_accum = None if params.deterministic else fake_dq_accum(packed)
+    dq_accum = fake_dq_accum(packed) if params.reduces_dq else None
+    counters = fake_dq_counters() if params.dq_ordered else None
     cu_q = fake_vector(Int32) if packed else None
     cu_k = fake_vector(Int32) if packed else None
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
     return cute.compile(
-        module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, dk, dv, cu_q, cu_k, seqlens_q, seqlens_k,
+        module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, counters, dk, dv, cu_q, cu_k, seqlens_q, seqlens_k,
         Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0), Int32(1),
         make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(params.target_arch),
     )
@@ -245,15 +253,16 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, t, dq, dk, dv, dsinks
 
     ``t`` is the call's frost.problem.Tensors; ``scratch`` the carved workspace (d, lse2;
     dq_accum unless deterministic; dsink_partial with sinks; dk_partial, dv_partial when
-    ``splits`` > 1). Default mode: bwd_pre (which also zeroes the accumulator), bwd (dK, dV,
+    ``splits`` > 1; dq_counters in the ordered deterministic mode). Default mode and ordered
+    deterministic mode: bwd_pre (which also zeroes the accumulator and counters), bwd (dK, dV,
     dQ reductions), bwd_convert (dq). Deterministic: bwd_pre, bwd (dK, dV only), bwd_dq.
     Split GQA groups: the fp32 partials are summed in split order into dk, dv.
     """
-    accum = scratch.get("dq_accum")
+    accum, counters = scratch.get("dq_accum"), scratch.get("dq_counters")
     compiled_pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
-                 scratch.get("dsink_partial"), accum, max_seqlen_q)
+                 scratch.get("dsink_partial"), accum, counters, max_seqlen_q)
     dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if splits > 1 else (dk, dv)
-    compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, dk_out, dv_out,
+    compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
                   t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
                   scale, scale * LOG2_E, window_left, window_right, max_seqlen_k, splits)
     if accum is None:

@@ -22,6 +22,17 @@ HEAD_DIM_MULTIPLE = 8  # one 16-byte cp.async vector of fp16/bf16
 SMEM_BYTES_MAX = 227 * 1024  # opt-in shared memory per CTA on SM80/SM90
 
 
+def _checker(record):
+    """The ``bad(rule)`` of a record's ``validate`` (a ValueError naming the record), after the
+    checks every record shares: known dtype, flavor and layout."""
+    def bad(rule: str):
+        raise ValueError(f"{type(record).__name__} {record}: {rule}")
+
+    if record.dtype not in DTYPES or record.flavor not in FLAVORS or record.layout not in LAYOUTS:
+        bad("dtype, flavor and layout must be known values")
+    return bad
+
+
 def flavor_for(head_dim_qk: int, head_dim_v: int) -> str | None:
     """The smallest flavor covering both head dims, or None."""
     need = max(head_dim_qk, head_dim_v)
@@ -134,6 +145,7 @@ class BwdPreParams:
     tile_m: int = 64
     num_warps: int = 4
     accum_tile_m: int = 0   # the main kernel's tile_m whose dQ accumulator chunks this pass zeroes; 0: none
+    dq_counters: bool = False  # also zero the ordered deterministic mode's per-query-block counters
 
     @property
     def tile_hdim(self) -> int:
@@ -150,11 +162,7 @@ class BwdPreParams:
         return -(-seqlen_q // self.tile_m)
 
     def validate(self) -> "BwdPreParams":
-        def bad(rule: str):
-            raise ValueError(f"BwdPreParams {self}: {rule}")
-
-        if self.dtype not in DTYPES or self.flavor not in FLAVORS or self.layout not in LAYOUTS:
-            bad("dtype, flavor and layout must be known values")
+        bad = _checker(self)
         if self.layout == "thd" and self.has_seqlens:
             bad("padding seqlens apply to the dense layout only")
         rows_per_step = self.num_threads * 8 // 64
@@ -162,6 +170,8 @@ class BwdPreParams:
             bad(f"tile_m must be a multiple of {rows_per_step} (rows per copy step)")
         if self.accum_tile_m < 0 or self.accum_tile_m % self.tile_m:
             bad("accum_tile_m must be 0 or a multiple of tile_m")
+        if self.dq_counters and not self.accum_tile_m:
+            bad("dq_counters count accumulator chunks: they need accum_tile_m")
         return self
 
 
@@ -204,6 +214,10 @@ class BwdParams:
     # partials in the workspace, summed in split order afterwards (deterministic)
     split_group: bool = False
     heavy_first: bool = False  # key blocks launched across the whole grid heaviest (lowest) first
+    # deterministic mode without the dQ recompute: dQ is reduced as in the default mode but in a
+    # fixed order per query block (key blocks from the highest down), each CTA waiting on a
+    # per-block counter for its turn (sm80/bwd.py, "Ordered dQ")
+    dq_ordered: bool = False
 
     @property
     def tile_hdim(self) -> int:
@@ -212,6 +226,11 @@ class BwdParams:
     @property
     def num_threads(self) -> int:
         return 32 * self.num_warps
+
+    @property
+    def reduces_dq(self) -> bool:
+        """Whether the main kernel reduces dQ into the flat accumulator (else sm80/bwd_dq computes it)."""
+        return not self.deterministic or self.dq_ordered
 
     @property
     def dq_chunk(self) -> int:
@@ -225,11 +244,7 @@ class BwdParams:
         return 2 * (k_v + q_do + p_ds)
 
     def validate(self) -> "BwdParams":
-        def bad(rule: str):
-            raise ValueError(f"BwdParams {self}: {rule}")
-
-        if self.dtype not in DTYPES or self.flavor not in FLAVORS or self.layout not in LAYOUTS:
-            bad("dtype, flavor and layout must be known values")
+        bad = _checker(self)
         if self.layout == "thd" and self.has_seqlens:
             bad("padding seqlens apply to the dense layout only")
         if self.bottom_right and not (self.has_window_left or self.has_window_right):
@@ -250,7 +265,11 @@ class BwdParams:
         if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
             bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
         if self.dq_reduce_width > 1 and self.deterministic:
-            bad("the deterministic mode has no dQ reductions to widen")
+            bad("the deterministic mode reduces dQ one float at a time, in order")
+        if self.dq_ordered and not self.deterministic:
+            bad("dq_ordered is a way of the deterministic mode")
+        if self.dq_ordered and self.heavy_first:
+            bad("dq_ordered launches key blocks highest first (each waits on the ones above it)")
         if self.dq_chunk % (self.num_threads * self.dq_reduce_width):
             bad("the dQ chunk must split evenly into the threads' reductions")
         if self.smem_bytes() > SMEM_BYTES_MAX:
@@ -266,7 +285,7 @@ class BwdParams:
 def bwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
-    split_group: bool = False,
+    split_group: bool = False, dq_ordered: bool = False,
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params (FlashAttention-2's SM80 tiles:
     d64 128x128, d128 64x128, 8 warps). ``dq_reduce_width`` and ``split_group`` are the
@@ -283,6 +302,7 @@ def bwd_params_for(
         has_window_right=window_right >= 0,
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
         dq_reduce_width=1 if deterministic else dq_reduce_width, split_group=split_group,
+        dq_ordered=deterministic and dq_ordered,
     ).validate()
 
 
@@ -316,11 +336,7 @@ class BwdConvertParams:
         return 32 * self.num_warps
 
     def validate(self) -> "BwdConvertParams":
-        def bad(rule: str):
-            raise ValueError(f"BwdConvertParams {self}: {rule}")
-
-        if self.dtype not in DTYPES or self.flavor not in FLAVORS or self.layout not in LAYOUTS:
-            bad("dtype, flavor and layout must be known values")
+        bad = _checker(self)
         if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
             bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
         if (self.tile_m * self.tile_hdim) % (self.num_threads * self.dq_reduce_width):
@@ -368,11 +384,7 @@ class BwdDqParams:
         )
 
     def validate(self) -> "BwdDqParams":
-        def bad(rule: str):
-            raise ValueError(f"BwdDqParams {self}: {rule}")
-
-        if self.dtype not in DTYPES or self.flavor not in FLAVORS or self.layout not in LAYOUTS:
-            bad("dtype, flavor and layout must be known values")
+        bad = _checker(self)
         if self.tile_m != 16 * self.num_warps:
             bad("tile_m must be 16 * num_warps (one 16-row slab per warp)")
         rows_per_step = self.num_threads * 8 // 64
