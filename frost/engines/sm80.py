@@ -272,7 +272,7 @@ class _Sm80BackwardPlan(Plan):
         launch_bwd(
             *self._compiled, t, *staged, grads.dsinks, scratch, splits=self.splits,
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
-            max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
+            batch=p.batch, max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
         )
         for kernel_out, given, rows in zip(staged, grads[:3], (t.cu_seqlens_q, t.cu_seqlens_k, t.cu_seqlens_k)):
             if kernel_out is not given:

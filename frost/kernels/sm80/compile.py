@@ -242,13 +242,17 @@ def launch_fwd(compiled, q, k, v, o, lse, *, scale: float, window_left: int, win
                cu_seqlens_q=None, cu_seqlens_k=None, seqlens_q=None, seqlens_k=None, sinks=None,
                max_seqlen_q: int = 0) -> None:
     """Launch a compiled forward on torch tensors (current stream). No validation: the
-    engine's check_support and the Problem did that before the plan was made."""
+    engine's check_support and the Problem did that before the plan was made. With no query
+    rows (``max_seqlen_q`` 0) the grid would be empty and nothing is launched."""
+    if max_seqlen_q == 0 or q.numel() == 0:
+        return
     compiled(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, sinks,
              scale * LOG2_E, window_left, window_right, max_seqlen_q)
 
 
 def launch_bwd(compiled_pre, compiled_main, compiled_last, t, dq, dk, dv, dsinks, scratch, *, splits: int,
-               scale: float, window_left: int, window_right: int, max_seqlen_q: int, max_seqlen_k: int) -> None:
+               scale: float, window_left: int, window_right: int, batch: int, max_seqlen_q: int,
+               max_seqlen_k: int) -> None:
     """Run the backward chain on torch tensors (current stream).
 
     ``t`` is the call's frost.problem.Tensors; ``scratch`` the carved workspace (d, lse2;
@@ -257,18 +261,25 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, t, dq, dk, dv, dsinks
     deterministic mode: bwd_pre (which also zeroes the accumulator and counters), bwd (dK, dV,
     dQ reductions), bwd_convert (dq). Deterministic: bwd_pre, bwd (dK, dV only), bwd_dq.
     Split GQA groups: the fp32 partials are summed in split order into dk, dv.
+
+    A kernel whose grid would be empty (no sequence, no query or no key rows) is not launched:
+    CUDA rejects a zero grid, and there is nothing for it to write. With no query rows the main
+    kernel still runs and writes dk = dv = 0; with no key rows bwd_convert / bwd_dq write dq = 0.
     """
+    queries, keys = batch > 0 and max_seqlen_q > 0, batch > 0 and max_seqlen_k > 0
     accum, counters = scratch.get("dq_accum"), scratch.get("dq_counters")
-    compiled_pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
-                 scratch.get("dsink_partial"), accum, counters, max_seqlen_q)
+    if queries:
+        compiled_pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
+                     scratch.get("dsink_partial"), accum, counters, max_seqlen_q)
     dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if splits > 1 else (dk, dv)
-    compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
-                  t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
-                  scale, scale * LOG2_E, window_left, window_right, max_seqlen_k, splits)
-    if accum is None:
+    if keys:
+        compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
+                      t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
+                      scale, scale * LOG2_E, window_left, window_right, max_seqlen_k, splits)
+    if queries and accum is None:
         compiled_last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], dq, t.cu_seqlens_q, t.cu_seqlens_k,
                       t.seqlens_q, t.seqlens_k, scale, scale * LOG2_E, window_left, window_right, max_seqlen_q)
-    else:
+    elif queries:
         compiled_last(accum, dq, t.cu_seqlens_q, scale, max_seqlen_q)
     if splits > 1:
         end = int(t.cu_seqlens_k[-1]) if t.cu_seqlens_k is not None else None  # packed rows past it: untouched

@@ -1,0 +1,87 @@
+"""Zero-size problems through the SM80 engines: the contract's result, and no empty-grid launch.
+
+CUDA rejects a launch with a zero grid extent, so the launchers skip every kernel whose grid
+would be empty (no sequence, no query rows, no key rows). CPU: which kernels of the chain a
+zero extent skips (the compiled kernels replaced by recorders), and an all-empty packed batch
+served end to end without a kernel. GPU: dense Sq = 0 and Sk = 0, forward and backward, against
+the float64 oracle's closed forms (o = 0, lse = -inf, zero gradients).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+
+import frost  # noqa: E402
+from frost.engines.sm80 import Sm80Backward, Sm80Forward  # noqa: E402
+from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
+from frost.problem import prepare  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _cpu_target(monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80")
+
+
+class _Recorder:
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def __call__(self, *args):
+        self.calls.append(self.name)
+
+
+def _chain_calls(sq: int, sk: int, deterministic: bool) -> list[str]:
+    q = torch.randn(2, sq, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, sk, 4, 64, dtype=torch.bfloat16)
+    problem, tensors = prepare("backward", q, k, k, o=q, lse=torch.zeros(2, 4, sq), do=q,
+                               deterministic=deterministic)
+    plan = Sm80Backward().compile(problem)
+    calls: list[str] = []
+    plan._compiled = tuple(_Recorder(name, calls) for name in ("pre", "main", "last"))
+    plan.execute(tensors)
+    return calls
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_zero_extents_skip_exactly_the_kernels_with_empty_grids(deterministic):
+    assert _chain_calls(64, 64, deterministic) == ["pre", "main", "last"]
+    assert _chain_calls(0, 64, deterministic) == ["main"]  # writes dk = dv = 0
+    assert _chain_calls(64, 0, deterministic) == ["pre", "last"]  # writes dq = 0
+
+
+@pytest.mark.L0
+def test_all_empty_packed_batch_launches_nothing_and_returns_zeros():
+    q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
+    cu = torch.zeros(3, dtype=torch.int32)
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, sinks=torch.randn(4))
+    problem, tensors = prepare("forward", q, q, q, **kw)
+    o, lse = Sm80Forward().compile(problem).execute(tensors)  # a launch on CPU tensors would raise
+    assert o.abs().sum() == 0 and lse.abs().sum() == 0  # rows past cu_seqlens[-1]: the zero fill
+    problem, tensors = prepare("backward", q, q, q, o=q, lse=torch.zeros(4, 5), do=q, **kw)
+    grads = Sm80Backward().compile(problem).execute(tensors)
+    for name in ("dq", "dk", "dv", "dsinks"):
+        assert getattr(grads, name).abs().sum() == 0, name
+
+
+@pytest.mark.L0
+@pytest.mark.gpu
+@pytest.mark.parametrize("sq, sk", [(0, 70), (90, 0)])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_dense_zero_extents_on_the_gpu_give_the_contracts_result(sq, sk, deterministic):
+    q = torch.randn(2, sq, 4, 64, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(2, sk, 2, 64, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    sinks = torch.randn(4, device="cuda")
+    o, lse = frost.sdpa_forward(q, k, v, sinks=sinks, engine="sdpa_fwd_sm80")
+    assert o.shape == (2, sq, 4, 64) and torch.all(o == 0)
+    assert torch.all(lse == sinks[None, :, None].expand_as(lse))  # no key: lse is the sink's logit
+    do = torch.randn_like(q)
+    grads = frost.sdpa_backward(do, q, k, v, o, lse, sinks=sinks, deterministic=deterministic,
+                                engine="sdpa_bwd_sm80")
+    for name in ("dq", "dk", "dv"):
+        g = getattr(grads, name)
+        assert not torch.isnan(g).any() and torch.all(g == 0), name
+    assert torch.all(grads.dsinks == 0)
