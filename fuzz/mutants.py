@@ -1,0 +1,208 @@
+"""The catalogue of ``frost-mutate``: realistic one-line faults in the SM80 kernel templates.
+
+Each ``Mutant`` replaces one exact piece of text (``find``, which must occur exactly once in
+its file) by a faulty one. They are the bugs a kernel author really writes: mask and
+block-range off-by-ones on either side, a wrong bottom-right offset, a wrong GQA head map, a
+missing or doubled scale, a dropped or mis-signed sink term, wrong packed (THD) offsets or
+lengths, wrong lse / D rows, a wrong predicate on a partial head dim, a missing barrier or
+cp.async wait (a race), an accumulator never zeroed, a wrong dQ accumulator layout or turn.
+
+``equivalent`` holds the written argument when a mutant cannot change any output the
+contract defines (it is then left out of the score, not counted as a survivor).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+K = "frost/kernels/sm80/"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    category: str
+    path: str          # relative to the repository root
+    find: str          # exact text, exactly once in the file
+    replace: str
+    why: str           # what a user would see
+    equivalent: str | None = None
+
+    def apply(self, root: Path) -> None:
+        """Write the faulty file under ``root`` (a copy of the repository, never the checkout)."""
+        target = Path(root) / self.path
+        text = target.read_text()
+        if text.count(self.find) != 1:
+            raise ValueError(f"mutant {self.name}: its text occurs {text.count(self.find)} times in {self.path}")
+        target.write_text(text.replace(self.find, self.replace))
+
+
+def _m(name, category, path, find, replace, why, equivalent=None) -> Mutant:
+    return Mutant(name, category, K + path, find, replace, why, equivalent)
+
+
+CATALOGUE: tuple[Mutant, ...] = (
+    # ---- element mask (mask.py: AttentionMask.apply) ---------------------------------------
+    _m("mask-right-edge", "mask", "mask.py",
+       "row + self.delta + self.window_right + 1 - col_base)",
+       "row + self.delta + self.window_right - col_base)",
+       "causal rows lose their diagonal key"),
+    _m("mask-left-edge", "mask", "mask.py",
+       "col_lo = row + self.delta - self.window_left - col_base",
+       "col_lo = row + self.delta - self.window_left + 1 - col_base",
+       "a left window one key too narrow"),
+    _m("mask-seqlen-k", "mask", "mask.py",
+       "seqlen_limit = self.seqlen_k - col_base",
+       "seqlen_limit = self.seqlen_k + 1 - col_base",
+       "the first padded key becomes visible"),
+    _m("mask-rows", "mask", "mask.py",
+       "if row >= self.seqlen_q:",
+       "if row > self.seqlen_q:",
+       "the first padded query row feeds dK and dV"),
+    _m("bottom-right-offset", "mask", "mask.py",
+       "delta = seqlen.seqlen_k - seqlen.seqlen_q if",
+       "delta = seqlen.seqlen_q - seqlen.seqlen_k if",
+       "bottom-right alignment mirrored"),
+    # ---- block ranges (mask.py: n_block_range, m_block_range, needs_mask) -------------------
+    _m("n-range-right", "block range", "mask.py",
+       "key_end = cutlass.max(row_last + self.delta + self.window_right + 1, 0)",
+       "key_end = cutlass.max(row_last + self.delta + self.window_right, 0)",
+       "the forward skips the key block holding a band's last key"),
+    _m("n-range-left", "block range", "mask.py",
+       "key_start = cutlass.max(row_first + self.delta - self.window_left, 0)",
+       "key_start = cutlass.max(row_first + self.delta - self.window_left + 1, 0)",
+       "the forward skips the key block holding a left window's first key"),
+    _m("m-range-right", "block range", "mask.py",
+       "row_start = cutlass.max(key_first - self.delta - self.window_right, 0)",
+       "row_start = cutlass.max(key_first - self.delta - self.window_right + 1, 0)",
+       "the backward skips the query block that first sees a key block"),
+    _m("m-range-left", "block range", "mask.py",
+       "row_end = cutlass.max(key_last - self.delta + self.window_left + 1, 0)",
+       "row_end = cutlass.max(key_last - self.delta + self.window_left, 0)",
+       "the backward skips the query block that last sees a key block"),
+    _m("needs-mask-right", "block range", "mask.py",
+       "masked = masked or key_last > row_first + self.delta + self.window_right",
+       "masked = masked or key_last > row_first + self.delta + self.window_right + 1",
+       "a tile crossing the band's right edge by one key takes the unmasked path"),
+    _m("needs-mask-left", "block range", "mask.py",
+       "masked = masked or key_first < row_last + self.delta - self.window_left",
+       "masked = masked or key_first < row_last + self.delta - self.window_left - 1",
+       "a tile crossing the left window's edge by one key takes the unmasked path"),
+    _m("needs-mask-seqlen", "block range", "mask.py",
+       "masked = key_last >= self.seqlen_k",
+       "masked = key_last > self.seqlen_k",
+       "a tile ending one key past the sequence takes the unmasked path"),
+    # ---- GQA head maps ----------------------------------------------------------------------
+    _m("fwd-gqa-map", "gqa", "fwd.py",
+       "head_kv = head // (heads_of(mQ, PACKED) // heads_of(mK, PACKED))",
+       "head_kv = head % heads_of(mK, PACKED)",
+       "query heads read the wrong kv head (interleaved instead of grouped)"),
+    _m("bwd-gqa-map", "gqa", "bwd.py",
+       "first_head = head_kv * group + split * heads_per_cta",
+       "first_head = head_kv + split * heads_per_cta",
+       "a kv head's CTA walks the wrong query heads"),
+    _m("bwd-dq-gqa-map", "gqa", "bwd_dq.py",
+       "head_kv = head // (heads_of(mQ, PACKED) // heads_of(mK, PACKED))",
+       "head_kv = head % heads_of(mK, PACKED)",
+       "deterministic dQ reads the wrong kv head"),
+    # ---- scales -----------------------------------------------------------------------------
+    _m("dk-scale-missing", "scale", "bwd.py",
+       "acc_dK.store(acc_dK.load() * scale)",
+       "acc_dK.store(acc_dK.load())",
+       "dK off by the softmax scale"),
+    _m("dq-convert-scale-missing", "scale", "bwd_convert.py",
+       ".store(source.load() * scale)",
+       ".store(source.load())",
+       "dQ off by the softmax scale"),
+    _m("dq-det-scale-doubled", "scale", "bwd_dq.py",
+       "acc_dQ.store(acc_dQ.load() * scale)",
+       "acc_dQ.store(acc_dQ.load() * scale * scale)",
+       "deterministic dQ scaled twice"),
+    _m("fwd-scale-log2", "scale", "compile.py",
+       "             scale * LOG2_E, window_left, window_right, max_seqlen_q)",
+       "             scale, window_left, window_right, max_seqlen_q)",
+       "the forward's exp2 fold forgets log2(e)"),
+    # ---- sinks ------------------------------------------------------------------------------
+    _m("sink-dropped", "sinks", "softmax.py",
+       "denom = total * keys_weight + cute.math.exp2(sink_log2 - top, fastmath=True)",
+       "denom = total * keys_weight",
+       "the sink's mass leaves the denominator"),
+    _m("dsink-sign", "sinks", "bwd_pre.py",
+       "sink_share = sink_share - cute.math.exp(mSinks[head] - lse) * d_row",
+       "sink_share = sink_share + cute.math.exp(mSinks[head] - lse) * d_row",
+       "dsink with the wrong sign"),
+    # ---- packed (THD) offsets and lengths ---------------------------------------------------
+    _m("thd-seqlen-k", "thd", "seqlen.py",
+       "seqlen_k = lengths.cu_seqlens_k[batch + 1] - offset_k",
+       "seqlen_k = lengths.cu_seqlens_k[batch + 1] - offset_q",
+       "packed key lengths taken against the query offsets"),
+    _m("thd-lse-offset", "thd", "seqlen.py",
+       "return cute.domain_offset((self.offset_q,), mLSE[head, None])",
+       "return cute.domain_offset((self.offset_k,), mLSE[head, None])",
+       "packed lse / D rows read at the key offsets"),
+    _m("thd-accum-slab", "thd", "seqlen.py",
+       "cute.domain_offset(((self.offset_q + batch * tile_m) * tile_hdim,), mAcc[head, None])",
+       "cute.domain_offset((self.offset_q * tile_hdim,), mAcc[head, None])",
+       "packed sequences' dQ chunks overlap the next sequence's"),
+    # ---- lse and D rows ---------------------------------------------------------------------
+    _m("lse2-no-log2e", "lse/D", "bwd_pre.py",
+       "gLSE2[row] = Float32.inf if lse == -Float32.inf else lse * LOG2_E",
+       "gLSE2[row] = Float32.inf if lse == -Float32.inf else lse",
+       "the backward's lse in natural instead of log2 units"),
+    _m("row-stats-edge", "lse/D", "recompute.py",
+       "        if row < rows_left:\n            row_lse2[r] = gLSE2[row]",
+       "        if row <= rows_left:\n            row_lse2[r] = gLSE2[row]",
+       "the first padded query row reads another row's lse and D"),
+    _m("d-padded-rows", "lse/D", "bwd_pre.py",
+       "gD[row] = d_row if valid else Float32(0.0)",
+       "gD[row] = d_row",
+       "padded rows' D from whatever o and dO held"),
+    # ---- head-dim predicates and row guards -------------------------------------------------
+    _m("hdim-predicate", "partial head dim", "tiles.py",
+       "pred[v, 0, k] = cute.elem_less(tXcX[(0, v), 0, k][1], limit)",
+       "pred[v, 0, k] = cute.elem_less(tXcX[(0, v), 0, k][1], limit + 8)",
+       "copies read and write one vector past a partial head dim"),
+    _m("store-rows-edge", "partial head dim", "tiles.py",
+       "        if tXcX[0, m, 0][0] < written_rows:\n            if const_expr(check_hdim):",
+       "        if tXcX[0, m, 0][0] <= written_rows:\n            if const_expr(check_hdim):",
+       "stores one row past a tile's last row"),
+    # ---- barriers and waits (races) ---------------------------------------------------------
+    _m("bwd-pds-barrier", "race", "bwd.py",
+       "        cute.arch.barrier()  # P, dS complete in shared memory",
+       "        pass  # P, dS complete in shared memory",
+       "dV and dK read P and dS before every warp wrote them"),
+    _m("fwd-v-wait", "race", "fwd.py",
+       "        cute.arch.cp_async_wait_group(0)\n        cute.arch.barrier()  # V[n] landed; every warp is done with sK",
+       "        cute.arch.barrier()  # V[n] landed; every warp is done with sK",
+       "P.V reads V before its copy landed"),
+    _m("bwd-dq-k-barrier", "race", "bwd_dq.py",
+       "        cute.arch.barrier()  # sK is free",
+       "        pass  # sK is free",
+       "the next K overwrites sK while dS.K still reads it"),
+    # ---- accumulator zeroing ----------------------------------------------------------------
+    _m("accum-zero-last-block", "zeroing", "bwd_pre.py",
+       "if m_block * TILE_M < slab_rows:",
+       "if (m_block + 1) * TILE_M < slab_rows:",
+       "the last block of each dQ slab is never zeroed"),
+    _m("fwd-acc-o-unzeroed", "zeroing", "fwd.py",
+       "    acc_O.fill(0.0)\n",
+       "",
+       "O starts from whatever the registers held"),
+    _m("dp-unzeroed", "zeroing", "recompute.py",
+       "    acc_dP.fill(0.0)\n",
+       "",
+       "dP starts from whatever the registers held"),
+    # ---- the flat dQ accumulator and its order ----------------------------------------------
+    _m("dq-layout-width", "dq accumulator", "bwd.py",
+       "target = g_chunk.iterator + (j * NUM_THREADS + tidx) * DQ_WIDTH",
+       "target = g_chunk.iterator + (j * NUM_THREADS + tidx)",
+       "wide (v4) dQ reductions overlap each other; the scalar width is unaffected"),
+    _m("dq-ordered-turn", "dq accumulator", "bwd.py",
+       "    return last - n_block\n",
+       "    return last - n_block - 1\n",
+       "ordered deterministic dQ takes its turn one key block early (a race)"),
+)
+
+
+def by_name() -> dict[str, Mutant]:
+    return {m.name: m for m in CATALOGUE}
