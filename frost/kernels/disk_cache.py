@@ -7,9 +7,12 @@ enable_tvm_ffi=True)``) links the object in memory and returns a ``tvm_ffi.Funct
 that takes the same positional torch tensors and Python scalars as the in-memory one.
 
 The key is everything that changes the bytes: the DSL version, the target architecture
-the artifact was built for, the template name, the params record (its repr), and a digest
+the artifact was built for, the template name, the params record (its repr), a digest
 of the template sources (every .py under frost/kernels/sm80/ plus template.py), so any
-edit to a template invalidates every entry built from the old text.
+edit to a template invalidates every entry built from the old text, and the DSL's own
+compile-affecting settings (CUTE_DSL_DEBUG, _LINEINFO, _ENABLE_ASSERTIONS, ...). The host CPU
+architecture is in it too: the object's host side is native code for the machine that
+built it.
 
 Location: ``$FROST_CACHE_DIR`` when set (set but empty: disabled), else
 ``$XDG_CACHE_HOME/frost`` or ``~/.cache/frost``; ``FROST_DISK_CACHE=0`` disables it.
@@ -25,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import tempfile
 from pathlib import Path
 from typing import Any, Hashable
@@ -51,6 +55,24 @@ def dsl_version() -> str:
     return str(cutlass.__version__)
 
 
+# not keyed from the DSL's list: the target arch is keyed on its own (the DSL's is the
+# process default, not what --gpu-arch asked for), and library paths differ between
+# machines that share one cache while the libraries themselves follow the DSL version
+_UNKEYED_SETTINGS = ("arch", "shared_libs")
+
+
+def dsl_settings() -> str:
+    """The DSL's settings that change generated code (its own JIT cache key), as one string."""
+    try:
+        from cutlass.cutlass_dsl import CuTeDSL
+
+        envar = CuTeDSL._get_dsl().envar
+        keyed = sorted(e.key_name for e in envar._ENV_VAR_SPEC if e.affects_compile)
+        return ";".join(f"{k}={getattr(envar, k)!r}" for k in keyed if k not in _UNKEYED_SETTINGS)
+    except Exception:  # a DSL without this introspection: its version still keys the entry
+        return ""
+
+
 @functools.lru_cache(maxsize=1)
 def sources_digest() -> str:
     """SHA-256 over the template sources (relative path and bytes of each, in a fixed order)."""
@@ -65,8 +87,8 @@ def sources_digest() -> str:
 
 def entry_key(template: str, params: Hashable, arch: str) -> dict[str, str]:
     return {
-        "dsl": dsl_version(), "arch": arch, "template": template, "params": repr(params),
-        "sources": sources_digest(),
+        "dsl": dsl_version(), "arch": arch, "host": platform.machine(), "template": template,
+        "params": repr(params), "sources": sources_digest(), "settings": dsl_settings(),
     }
 
 
@@ -86,8 +108,23 @@ def _function_name(key: dict[str, str]) -> str:
     return "frost_" + _key_hash(key)[:24]
 
 
+def dumps_requested() -> bool:
+    """Whether the DSL was asked to keep what compiling produces (CUTE_DSL_KEEP=ptx, ...): only a
+    real compile writes those, so the disk cache is not read then (it is still written)."""
+    try:
+        from cutlass.cutlass_dsl import CuTeDSL
+
+        envar = CuTeDSL._get_dsl().envar
+        return bool(envar.keep_tokens) or bool(envar.print_ir)
+    except Exception:
+        return False
+
+
 def load(path: Path, key: dict[str, str]) -> Any | None:
-    """The artifact stored at ``path`` for ``key``, or None (absent, corrupt, another key, unloadable)."""
+    """The artifact stored at ``path`` for ``key``, or None (absent, corrupt, another key, unloadable,
+    or compile dumps requested)."""
+    if dumps_requested():
+        return None
     try:
         data = path.read_bytes()
     except FileNotFoundError:

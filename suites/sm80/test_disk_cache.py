@@ -118,16 +118,25 @@ def _get(cache: CompileCache, artifact=None):
 @pytest.mark.L0
 def test_the_key_names_sources_and_dsl_version(stored, monkeypatch):
     root, key, path, _ = stored
+    assert "debug=False" in key["settings"] and "shared_libs" not in key["settings"], key
     monkeypatch.setenv("FROST_CACHE_DIR", str(root))
     cache = CompileCache("t")
     _get(cache)
     assert (cache.compiles, cache.loads) == (0, 1)
-    for name, value in (("sources_digest", "0" * 64), ("dsl_version", "4.8.1.post9")):
+    for name, value in (("sources_digest", "0" * 64), ("dsl_version", "4.8.1.post9"),
+                        ("dsl_settings", disk_cache.dsl_settings().replace("debug=False", "debug=True"))):
         with monkeypatch.context() as m:
             m.setattr(disk_cache, name, lambda: value)
             cache = CompileCache("t")
             _get(cache)
             assert (cache.compiles, cache.loads) == (1, 0), name
+    # asking the DSL to keep PTX / cubin / IR needs a real compile
+    monkeypatch.setattr(disk_cache, "dumps_requested", lambda: True)
+    cache = CompileCache("t")
+    _get(cache)
+    assert (cache.compiles, cache.loads) == (1, 0)
+    monkeypatch.undo()
+    monkeypatch.setenv("FROST_CACHE_DIR", str(root))
     # an entry whose header names another key is refused even at the right path
     other = dict(key, sources="0" * 64)
     moved = disk_cache.entry_path(root, other)
