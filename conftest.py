@@ -7,14 +7,34 @@ Tests marked ``gpu`` are skipped with a reason when CUDA is unavailable.
 the routing summary at the end of the run (also under pytest-xdist).
 ``fuzz.plugin`` selects the Hypothesis profile of the fuzz suites (``ci`` unless
 told otherwise), gives each xdist worker its GPU and runs the ``frost-fuzz`` budget.
+Each test process gets a fresh, empty compile cache directory on disk
+(``FROST_CACHE_DIR``), so no test depends on what the user's cache holds and the
+compile suites really compile; tests about the disk cache point it elsewhere.
 """
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 import pytest
 
 pytest_plugins = ("reports.plugin", "fuzz.plugin")
 
 LEVELS = ("L0", "L1", "L2")
+_test_cache_dir: str | None = None
+
+
+def pytest_configure(config):
+    global _test_cache_dir
+    _test_cache_dir = tempfile.mkdtemp(prefix="frost-test-cache-")
+    os.environ["FROST_CACHE_DIR"] = _test_cache_dir
+    os.environ.pop("FROST_DISK_CACHE", None)  # the suites run with the disk cache on, wherever they run
+
+
+def pytest_unconfigure(config):
+    if _test_cache_dir is not None:
+        shutil.rmtree(_test_cache_dir, ignore_errors=True)
 
 
 def _cuda_available() -> bool:

@@ -14,7 +14,10 @@ and a reader of the template sees plain functions instead of a parameter bag.
 ``CompileCache`` maps a compile key (template name, params, and any other
 static facts of the call) to the object ``cute.compile`` returned, and counts
 compiles and hits so tests can assert reuse. Token totals of packed input are
-``cute.sym_int`` extents, so they never enter a key.
+``cute.sym_int`` extents, so they never enter a key. A miss first asks the disk
+cache (``frost/kernels/disk_cache.py``) when the caller says how the artifact is
+persisted: ``compiles`` counts real JIT compiles only, ``loads`` the artifacts read
+from disk.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Hashable
+
+from frost.kernels import disk_cache
 
 _TEMPLATE_DIR = Path(__file__).resolve().parent
 _modules: dict[tuple[str, Hashable], ModuleType] = {}
@@ -63,9 +68,10 @@ def load_template(name: str, params: Hashable) -> ModuleType:
 
 @dataclasses.dataclass(frozen=True)
 class CacheStats:
-    compiles: int
-    hits: int
+    compiles: int  # JIT compiles (cute.compile)
+    hits: int      # served from this process's memory
     entries: int
+    loads: int = 0  # read back from the disk cache instead of compiling
 
 
 class CompileCache:
@@ -77,21 +83,39 @@ class CompileCache:
         self._lock = threading.RLock()
         self.compiles = 0
         self.hits = 0
+        self.loads = 0
 
-    def get_or_compile(self, key: Hashable, build: Callable[[], Any]) -> Any:
+    def get_or_compile(self, key: Hashable, build: Callable[[], Any],
+                       persist: tuple[str, Hashable, str] | None = None) -> Any:
+        """The artifact for ``key``: from memory, else from disk, else ``build()``.
+
+        ``persist`` is ``(template, params, arch)``: where the artifact lives in the disk
+        cache (None: memory only). A fresh build is written back there.
+        """
         with self._lock:
             artifact = self._entries.get(key)
             if artifact is not None:
                 self.hits += 1
                 return artifact
-            artifact = build()
+            root = disk_cache.cache_dir() if persist is not None else None
+            disk_key = path = None
+            if root is not None:
+                disk_key = disk_cache.entry_key(*persist)
+                path = disk_cache.entry_path(root, disk_key)
+                artifact = disk_cache.load(path, disk_key)
+            if artifact is not None:
+                self.loads += 1
+            else:
+                artifact = build()
+                self.compiles += 1
+                if path is not None:
+                    disk_cache.store(path, disk_key, artifact)
             self._entries[key] = artifact
-            self.compiles += 1
             return artifact
 
     def stats(self) -> CacheStats:
         with self._lock:
-            return CacheStats(self.compiles, self.hits, len(self._entries))
+            return CacheStats(self.compiles, self.hits, len(self._entries), self.loads)
 
     def keys(self) -> list[Hashable]:
         with self._lock:
@@ -102,6 +126,7 @@ class CompileCache:
             self._entries.clear()
             self.compiles = 0
             self.hits = 0
+            self.loads = 0
 
 
 _caches: dict[str, CompileCache] = {}

@@ -1,87 +1,9 @@
-"""The params the SM80 engines can produce: every combination their Capabilities rows admit.
-
-Enumerated through the engines' own lowering (``fwd_params_for``,
-``backward_choices`` and the backward plan's derived records) over every fact
-that changes code: dtype, whether each head dim fills its flavor, layout and
-padding, which window sides are bounded, alignment, sinks, deterministic mode,
-and the backward's device and size choices (dQ reduce width 1 on SM80 / 4 on
-SM90, GQA group split or not). Sizes, head counts, token totals and window
-values are runtime and do not multiply it.
-"""
+"""The admitted SM80 params space, for the compile suites: it lives in the package
+(``frost/kernels/sm80/space.py``) because ``frost-compile`` needs it and an installed package
+must not import the test suites."""
 from __future__ import annotations
 
-import dataclasses
-import itertools
-
-from frost.kernels.sm80.config import (
-    BwdConvertParams, BwdDqParams, BwdPreParams, FwdParams, bwd_params_for, fwd_params_for,
+from frost.kernels.sm80.space import (  # noqa: F401
+    HEAD_DIMS, LAYOUTS, WINDOWS, admitted_bwd_params, admitted_fwd_params, all_records, covering_subset,
+    l0_records,
 )
-
-HEAD_DIMS = {  # (head_dim_qk, head_dim_v) -> which flavor / partial flags they select
-    "d64": (64, 64), "d64 partial qk": (48, 64), "d64 partial v": (64, 40), "d64 partial both": (56, 24),
-    "d128": (128, 128), "d128 partial qk": (96, 128), "d128 partial v": (128, 72), "d128 partial both": (80, 88),
-}
-LAYOUTS = {"bshd": ("bshd", False), "padded": ("bshd", True), "thd": ("thd", False)}
-WINDOWS = {"none": (-1, -1), "causal": (-1, 0), "left": (16, -1), "right": (-1, 16), "both": (16, 4)}
-
-
-def admitted_fwd_params() -> list[FwdParams]:
-    seen: dict[FwdParams, None] = {}
-    for dtype, dims, layout, window, bottom_right, sinks in itertools.product(
-        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True), (False, True)
-    ):
-        params = fwd_params_for(
-            dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
-            window_left=window[0], window_right=window[1], bottom_right=bottom_right, has_sinks=sinks,
-        )
-        seen[params] = None
-    return list(seen)
-
-
-def admitted_bwd_params() -> list:
-    """Every params record of every kernel of the backward chain (bwd_pre, bwd, and bwd_convert
-    or bwd_dq), as ``frost.engines.sm80.backward_choices`` can produce them."""
-    seen: dict = {}
-    modes = ((False, 1, False), (False, 4, False), (True, 1, False), (True, 1, True))  # det, width, ordered
-    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, ordered), split in itertools.product(
-        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True),
-        (False, True), modes, (False, True),
-    ):
-        main = bwd_params_for(
-            dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
-            window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
-            dq_reduce_width=width, dq_ordered=ordered,
-        )
-        heavy_first = main.has_window_right and not ordered
-        main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first).validate()
-        seen[main] = None
-        seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
-                          has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,
-                          dq_counters=ordered)] = None
-        seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
-    return list(seen)
-
-
-def _pairs(p, names: list[str]) -> set:
-    values = [(n, getattr(p, n)) for n in names]
-    return {(a, b) for i, a in enumerate(values) for b in values[i + 1:]}
-
-
-def covering_subset(params: list) -> list:
-    """Params that together take every pair of values of any two fields (greedy pairwise cover,
-    per params type), so each feature is compiled beside each other feature at least once."""
-    kinds: dict[type, list] = {}
-    for p in params:
-        kinds.setdefault(type(p), []).append(p)
-    return [c for group in kinds.values() for c in _pairwise_cover(group)]
-
-
-def _pairwise_cover(params: list) -> list:
-    names = [f.name for f in dataclasses.fields(params[0])]
-    wanted = set().union(*(_pairs(p, names) for p in params))
-    chosen: list[FwdParams] = []
-    while wanted:
-        best = max(params, key=lambda p: len(_pairs(p, names) & wanted))
-        chosen.append(best)
-        wanted -= _pairs(best, names)
-    return chosen

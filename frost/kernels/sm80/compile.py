@@ -4,8 +4,10 @@ Every extent and every stride except the unit last one is a ``cute.sym_int``
 (strides carry divisibility 8 so 16-byte vector copies stay legal), so one
 artifact per params record serves every batch size, sequence length, head
 count and packed token total, and the number of packed sequences too: it is
-the dynamic extent of cu_seqlens. The compile key is the template name plus
-the params record and nothing else.
+the dynamic extent of cu_seqlens. The compile key is the template name, the
+params record and the target architecture, and nothing else; the same triple
+names the artifact in the disk cache (frost/kernels/disk_cache.py), so a fresh
+process loads what an earlier one (or ``frost-compile``) built.
 
 Compiled functions use the TVM FFI calling convention: they take torch
 tensors directly and launch on torch's current stream.
@@ -59,13 +61,12 @@ def fake_vector(dtype):
     return make_fake_tensor(dtype, (cute.sym_int(),), (1,), assumed_align=4)
 
 
-def compile_fwd(params: FwdParams):
+def compile_fwd(params: FwdParams, arch: str | None = None):
     """The compiled forward for ``params`` (cached; counted in FWD_CACHE)."""
-    params.validate()
-    return FWD_CACHE.get_or_compile((FWD_TEMPLATE, params), lambda: _build_fwd(params))
+    return compile_record(params, arch)
 
 
-def _build_fwd(params: FwdParams):
+def _build_fwd(params: FwdParams, options: str):
     module = load_template(FWD_TEMPLATE, params)
     dtype = _DTYPES[params.dtype]
     packed = params.layout == "thd"
@@ -85,7 +86,7 @@ def _build_fwd(params: FwdParams):
         module.sdpa_fwd, q, k, v, o, lse, cu_q, cu_k, seqlens_q, seqlens_k, sinks,
         Float32(1.0), Int32(-1), Int32(-1), Int32(0),
         make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=_options(),
+        options=options,
     )
 
 
@@ -94,12 +95,11 @@ def _head_dim(partial: bool, tile: int):
     return cute.sym_int(divisibility=_VECTOR) if partial else tile
 
 
-def compile_bwd_pre(params: BwdPreParams):
-    params.validate()
-    return BWD_CACHE.get_or_compile((BWD_TEMPLATES[0], params), lambda: _build_bwd_pre(params))
+def compile_bwd_pre(params: BwdPreParams, arch: str | None = None):
+    return compile_record(params, arch)
 
 
-def _build_bwd_pre(params: BwdPreParams):
+def _build_bwd_pre(params: BwdPreParams, options: str):
     module = load_template(BWD_TEMPLATES[0], params)
     dtype = _DTYPES[params.dtype]
     packed = params.layout == "thd"
@@ -118,7 +118,7 @@ def _build_bwd_pre(params: BwdPreParams):
     counters = fake_dq_counters() if params.dq_counters else None
     return cute.compile(
         module.sdpa_bwd_pre, o, do, lse, d, lse2, cu_q, seqlens_q, sinks, partial, dq_accum, counters, Int32(0),
-        make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(),
+        make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
     )
 
 
@@ -142,12 +142,11 @@ def fake_partials(packed: bool, tile_hdim: int):
     return make_fake_compact_tensor(Float32, shape, stride_order=tuple(reversed(range(rank))), assumed_align=16)
 
 
-def compile_bwd(params: BwdParams):
-    params.validate()
-    return BWD_CACHE.get_or_compile((BWD_TEMPLATES[1], params), lambda: _build_bwd(params))
+def compile_bwd(params: BwdParams, arch: str | None = None):
+    return compile_record(params, arch)
 
 
-def _build_bwd(params: BwdParams):
+def _build_bwd(params: BwdParams, options: str):
     module = load_template(BWD_TEMPLATES[1], params)
     dtype = _DTYPES[params.dtype]
     packed = params.layout == "thd"
@@ -169,16 +168,15 @@ def _build_bwd(params: BwdParams):
     return cute.compile(
         module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, counters, dk, dv, cu_q, cu_k, seqlens_q, seqlens_k,
         Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0), Int32(1),
-        make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(params.target_arch),
+        make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
     )
 
 
-def compile_bwd_dq(params: BwdDqParams):
-    params.validate()
-    return BWD_CACHE.get_or_compile((BWD_TEMPLATES[2], params), lambda: _build_bwd_dq(params))
+def compile_bwd_dq(params: BwdDqParams, arch: str | None = None):
+    return compile_record(params, arch)
 
 
-def _build_bwd_dq(params: BwdDqParams):
+def _build_bwd_dq(params: BwdDqParams, options: str):
     module = load_template(BWD_TEMPLATES[2], params)
     dtype = _DTYPES[params.dtype]
     packed = params.layout == "thd"
@@ -194,45 +192,91 @@ def _build_bwd_dq(params: BwdDqParams):
     return cute.compile(
         module.sdpa_bwd_dq, q, k, v, do, lse2, d, dq, cu_q, cu_k, seqlens_q, seqlens_k,
         Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0),
-        make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(),
+        make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
     )
 
 
-def compile_bwd_convert(params: BwdConvertParams):
-    params.validate()
-    return BWD_CACHE.get_or_compile((BWD_TEMPLATES[3], params), lambda: _build_bwd_convert(params))
+def compile_bwd_convert(params: BwdConvertParams, arch: str | None = None):
+    return compile_record(params, arch)
 
 
-def _build_bwd_convert(params: BwdConvertParams):
+def _build_bwd_convert(params: BwdConvertParams, options: str):
     module = load_template(BWD_TEMPLATES[3], params)
     packed = params.layout == "thd"
     dq = fake_rows_tensor(_DTYPES[params.dtype], packed, _head_dim(params.partial_hdim_qk, params.tile_hdim))
     cu_q = fake_vector(Int32) if packed else None
     return cute.compile(
         module.sdpa_bwd_convert, fake_dq_accum(packed), dq, cu_q, Float32(1.0), Int32(0),
-        make_fake_stream(use_tvm_ffi_env_stream=True), options=_options(),
+        make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
     )
 
 
-def _options(min_arch: str = "sm_80") -> str:
-    """cute.compile options: the TVM FFI calling convention, and the target architecture.
+def compile_record(params, arch: str | None = None):
+    """The compiled kernel for any SM80 params record, built for ``arch`` (None: this process's
+    target, ``target_arch``); from memory, the disk cache, or a fresh compile."""
+    template, cache, build = _KINDS[type(params)]
+    params.validate()
+    arch, options = _target(params, arch)
+    return cache.get_or_compile(
+        (template, params, arch), lambda: build(params, options), persist=(template, params, arch),
+    )
 
-    With a GPU present the DSL targets the device it finds (sm_90 runs this SM80 code
-    natively), which is what we want there. Without one it needs a target: CUTE_DSL_ARCH
-    when set, else sm_80, raised to ``min_arch`` for code that uses newer instructions.
+
+def template_of(params) -> str:
+    """The template a params record specializes, e.g. ``"sm80/fwd"``."""
+    return _KINDS[type(params)][0]
+
+
+def min_arch(params) -> str:
+    """The oldest architecture a record's code runs on (sm_90 for SM90-only instructions)."""
+    return getattr(params, "target_arch", "sm_80")
+
+
+def arch_number(arch: str) -> int:
+    """``"sm_90a"`` -> 90."""
+    return int(arch.removeprefix("sm_").rstrip("a"))
+
+
+def target_arch(params=None) -> str:
+    """The architecture this process builds ``params`` for: the GPU's when one is present, else
+    CUTE_DSL_ARCH or sm_80, raised to the record's own minimum."""
+    return _target(params, None)[0]
+
+
+def _target(params, arch: str | None) -> tuple[str, str]:
+    """(the architecture the artifact is built for, the cute.compile options).
+
+    Options: the TVM FFI calling convention, and the target architecture. With a GPU present
+    and no ``arch`` asked for, the DSL targets the device it finds (sm_90 runs this SM80
+    code natively), which is what we want there; the key then names the device's compute
+    capability. Without one it needs a target: CUTE_DSL_ARCH when set, else sm_80, raised
+    to the record's minimum for code that uses newer instructions. An explicit ``arch``
+    (frost-compile's cross-compiling) is used as given, and must not be older than that.
     """
-    if _has_cuda():
-        return "--enable-tvm-ffi"
-    arch = os.environ.get("CUTE_DSL_ARCH") or "sm_80"
-    if int(min_arch.removeprefix("sm_").rstrip("a")) > int(arch.removeprefix("sm_").rstrip("a")):
-        arch = min_arch
-    return f"--enable-tvm-ffi --gpu-arch {arch}"
+    least = min_arch(params) if params is not None else "sm_80"
+    if arch is None:
+        if _has_cuda():
+            major, minor = torch.cuda.get_device_capability()
+            return f"sm_{major}{minor}", "--enable-tvm-ffi"
+        arch = os.environ.get("CUTE_DSL_ARCH") or "sm_80"
+        if arch_number(least) > arch_number(arch):
+            arch = least
+    elif arch_number(least) > arch_number(arch):
+        raise ValueError(f"{type(params).__name__} needs {least} or newer; cannot build it for {arch}")
+    return arch, f"--enable-tvm-ffi --gpu-arch {arch}"
 
 
 def _has_cuda() -> bool:
-    import torch
-
     return torch.cuda.is_available()
+
+
+_KINDS = {  # params type -> (template, cache it is counted in, builder)
+    FwdParams: (FWD_TEMPLATE, FWD_CACHE, _build_fwd),
+    BwdPreParams: (BWD_TEMPLATES[0], BWD_CACHE, _build_bwd_pre),
+    BwdParams: (BWD_TEMPLATES[1], BWD_CACHE, _build_bwd),
+    BwdDqParams: (BWD_TEMPLATES[2], BWD_CACHE, _build_bwd_dq),
+    BwdConvertParams: (BWD_TEMPLATES[3], BWD_CACHE, _build_bwd_convert),
+}
 
 
 LOG2_E = 1.4426950408889634
