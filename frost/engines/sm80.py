@@ -303,8 +303,6 @@ def _allocate_forward(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _copy_rows(layout: str, cu_seqlens, src: torch.Tensor, dst: torch.Tensor) -> None:
     """Copy what a kernel wrote; packed rows past cu_seqlens[-1] stay untouched in ``dst``."""
-    if layout == "thd":
-        end = int(cu_seqlens[-1])
-        dst[:end].copy_(src[:end])
-    else:
-        dst.copy_(src)
+    from frost.kernels.sm80.compile import copy_rows
+
+    copy_rows(dst, src, cu_seqlens if layout == "thd" else None)

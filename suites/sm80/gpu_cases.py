@@ -40,6 +40,18 @@ FEATURES = {
     "thd_br_window_sinks": dict(layout="thd", lengths_q=(70, 300), lengths_k=(150, 90), window=(20, 3),
                                 causal_align="bottom_right", sinks=True),
     "single_row": dict(seqlen_q=1, seqlen_k=517, causal=True, causal_align="bottom_right"),
+    # Band edges on tile boundaries. Every tile the dispatch picks is 64 or 128 rows, so values
+    # 127 / 128 / 129 (and 255 / 256 / 257) sit at -1 / 0 / +1 modulo each of them: sequence ends,
+    # bottom-right offsets (Sk - Sq) and window sizes that land on a tile's first or last row or key.
+    "edge_lengths": dict(seqlen_q=257, seqlen_k=255, causal=True),
+    "edge_br_offset_0": dict(causal=True, causal_align="bottom_right", seqlen_q=129, seqlen_k=257),
+    "edge_br_offset_m1": dict(causal=True, causal_align="bottom_right", seqlen_q=130, seqlen_k=257),
+    "edge_br_offset_p1": dict(window=(64, 0), causal_align="bottom_right", seqlen_q=127, seqlen_k=256),
+    "edge_window_127": dict(window=(127, 1)),
+    "edge_window_128": dict(window=(128, 128)),
+    "edge_window_129": dict(window=(129, -1), seqlen_q=385, seqlen_k=385),
+    "edge_thd": dict(layout="thd", lengths_q=(127, 128, 129, 1), lengths_k=(129, 128, 127, 64), causal=True,
+                     causal_align="bottom_right", tail_q=2, tail_k=1),
 }
 
 # Where every row sees exactly one key the true dq and dk are exactly 0 and the acceptance rule

@@ -85,3 +85,15 @@ def test_dense_zero_extents_on_the_gpu_give_the_contracts_result(sq, sk, determi
         g = getattr(grads, name)
         assert not torch.isnan(g).any() and torch.all(g == 0), name
     assert torch.all(grads.dsinks == 0)
+
+
+@pytest.mark.L0
+def test_copy_rows_leaves_packed_rows_past_the_last_sequence_untouched():
+    """The split sum and the staging copy write packed outputs through a device-side row mask
+    (no host read of cu_seqlens, so they can be captured in a CUDA graph)."""
+    dst = torch.full((6, 2, 3), float("nan"))
+    src = torch.randn(6, 2, 3)
+    sm80_compile.copy_rows(dst, src, torch.tensor([0, 2, 4], dtype=torch.int32))
+    assert torch.equal(dst[:4], src[:4]) and torch.isnan(dst[4:]).all()
+    sm80_compile.copy_rows(dst, src)
+    assert torch.equal(dst, src)

@@ -326,9 +326,19 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, t, dq, dk, dv, dsinks
     elif queries:
         compiled_last(accum, dq, t.cu_seqlens_q, scale, max_seqlen_q)
     if splits > 1:
-        end = int(t.cu_seqlens_k[-1]) if t.cu_seqlens_k is not None else None  # packed rows past it: untouched
         for partial, grad in ((dk_out, dk), (dv_out, dv)):
             summed = partial.sum(0)[..., : grad.shape[-1]]  # a fixed order: deterministic
-            grad[:end].copy_(summed[:end])
+            copy_rows(grad, summed, t.cu_seqlens_k)
     if dsinks is not None:
         torch.sum(scratch["dsink_partial"], dim=1, out=dsinks)
+
+
+def copy_rows(dst, src, cu_seqlens=None) -> None:
+    """dst = src, but for packed tensors (``cu_seqlens`` given) only rows before cu_seqlens[-1]:
+    the rows past it stay untouched. The row mask is built on the device, so nothing is read
+    back to the host and the copy can be captured in a CUDA graph."""
+    if cu_seqlens is None:
+        dst.copy_(src)
+        return
+    inside = torch.arange(dst.shape[0], device=dst.device) < cu_seqlens[-1]
+    dst.copy_(torch.where(inside.view(-1, *([1] * (dst.dim() - 1))), src, dst))
