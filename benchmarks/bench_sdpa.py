@@ -16,7 +16,7 @@ minimum frost/flash ratio.
 ``--variants`` adds backward columns for the engine's choices, forced one at a
 time through the plan: ``det_ord`` (deterministic mode with dQ reduced in a fixed order
 instead of recomputed; ``det_ord cost`` its time over the default plan's), ``w4`` (dQ reduced 4
-floats at a time, SM90), ``hf_off`` / ``hf_on``
+floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on``
 (launch order), ``nosplit`` (GQA group unsplit).
 
 TFLOP/s = 4*B*H*S^2*D (halved for causal) / time for the forward; the backward
@@ -150,6 +150,8 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
             forced["w4"] = dict(dq_reduce_width=4)
         if hq != hkv:
             forced["nosplit"] = dict(split=1)
+        for tm, tn in (((128, 64), (64, 128)) if d <= 64 else ((64, 64),)):
+            forced[f"t{tm}x{tn}"] = dict(tile_mn=(tm, tn))
         det_problem, det_tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, causal=causal,
                                            deterministic=True)
         ordered = Sm80Backward(ordered_dq=True).compile(det_problem)
@@ -180,7 +182,7 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
     extra = [c for c in ("split", "frost_det", "det cost", "det_ord", "det_ord cost", "w4", "hf_off", "hf_on",
-                         "nosplit") if c in first]
+                         "nosplit", "t128x64", "t64x128", "t64x64") if c in first]
     cols = ["direction", "B", "S", "Hq", "Hkv", "d", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS,
             "frost/flash"]
     print("| " + " | ".join(cols) + " | notes |")

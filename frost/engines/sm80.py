@@ -108,11 +108,12 @@ class Sm80Backward(Engine):
     capabilities = SM80_CAPABILITIES
 
     def __init__(self, dq_reduce_width: int = 1, split: int | None = None,
-                 heavy_first: bool | None = None, ordered_dq: bool = False):
+                 heavy_first: bool | None = None, ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None):
         self.dq_reduce_width = dq_reduce_width
         self.split = split
         self.heavy_first = heavy_first
         self.ordered_dq = ordered_dq
+        self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
         return super().check_support(problem) or sm80_decline(problem)
@@ -122,7 +123,7 @@ class Sm80Backward(Engine):
         from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdPreParams
 
         main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
-                                        self.ordered_dq)
+                                        self.ordered_dq, self.tile_mn)
         pre = BwdPreParams(
             dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
@@ -157,7 +158,7 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
 
 
 def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, heavy_first=None,
-                     ordered_dq: bool = False):
+                     ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward)."""
     from frost.kernels.sm80.config import bwd_params_for
 
@@ -167,6 +168,8 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
         window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
         deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_ordered=ordered_dq,
     )
+    if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
+        main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)
     if split is None:
         sms = _sm_count(problem.device) if problem.device_type == "cuda" else 132
         split = group_split(problem, main.tile_n, sms)

@@ -76,6 +76,23 @@ def test_bwd_sm80_other_dq_reduce_width_matches_oracle(feature, dtype, dims, mon
     assert any(isinstance(key[1], BwdParams) and key[1].dq_reduce_width == 4 for key in _bwd_cache_keys())
 
 
+OTHER_TILES = [  # (feature, head dims, (tile_m, tile_n)): the tiles bench_sdpa.py --variants measures
+    ("causal", (64, 64), (128, 64)), ("thd_causal_gqa", (64, 64), (64, 128)), ("padding", (48, 64), (128, 64)),
+    ("window_both", (128, 128), (64, 64)), ("sinks", (96, 96), (64, 64)), ("edge_thd", (64, 64), (128, 64)),
+]
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("feature, dims, tile_mn", OTHER_TILES, ids=str)
+def test_bwd_sm80_other_tiles_match_oracle(feature, dims, tile_mn, monkeypatch):
+    from frost.kernels.sm80.config import BwdParams
+
+    monkeypatch.setattr(_engine(), "tile_mn", tile_mn)
+    _assert_sm80(_case(feature, torch.bfloat16, dims))
+    assert any(isinstance(key[1], BwdParams) and (key[1].tile_m, key[1].tile_n) == tile_mn
+               for key in _bwd_cache_keys())
+
+
 SPLIT_CASES = {  # GQA / MQA problems with the group forced into splits
     "gqa_dense": dict(heads_q=8, heads_kv=2, causal=True),
     "mqa_window": dict(heads_q=6, heads_kv=1, window=(50, 0), seqlen_q=260, seqlen_k=300),
