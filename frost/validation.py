@@ -99,32 +99,40 @@ def _check_out_memory(outputs, tensors: Tensors) -> None:
     """Outputs must not overlap themselves, each other or any input (SEMANTICS.md's inputs
     are read while outputs are written: an alias would be overwritten or read half-written).
 
-    Cheap on every call: byte spans compared as ints; only spans that intersect (slices
-    interleaved in one buffer, e.g. dq, dk, dv of a packed dqkv) get the exact, O(numel) test.
+    Cheap on every call (a cached plan's too): byte spans compared as ints, the inputs'
+    computed once; only spans that intersect (slices interleaved in one buffer, e.g. dq,
+    dk, dv of a packed dqkv) get the exact, O(numel) test.
     """
     if tensors.q.device.type == "meta":  # no memory to overlap
         return
-    spans = [(name, x, _span(x)) for name, x in outputs]
-    for name, x, _ in spans:
-        if _self_overlapping(x):
+    spans = []
+    for name, x in outputs:
+        if not x.is_contiguous() and _self_overlapping(x):
             raise ValueError(
                 f"{name}: its elements overlap in memory (shape {tuple(x.shape)}, strides {tuple(x.stride())}); "
                 "an output needs one element per address"
             )
+        spans.append((name, x, _span(x)))
+    inputs = [(name, y, _span(y)) for name, y in _present(tensors)]
     for index, (name, x, span) in enumerate(spans):
+        if span is None:
+            continue
         for other, y, other_span in spans[:index]:
             if _overlap(x, span, y, other_span):
                 raise ValueError(f"{name}: overlaps {other} in memory; every output needs memory of its own")
-        for other, y in _present(tensors):
-            if _overlap(x, span, y, _span(y)):
+        for other, y, other_span in inputs:
+            if _overlap(x, span, y, other_span):
                 raise ValueError(f"{name}: overlaps the input {other} in memory; out= must not alias an input")
 
 
 def _span(x: torch.Tensor) -> tuple[int, int] | None:
     """The byte addresses ``[first, last + 1)`` of x's elements; None when it has none."""
-    if x.numel() == 0:
+    numel = x.numel()
+    if numel == 0:
         return None
     start = x.data_ptr()
+    if x.is_contiguous():
+        return start, start + numel * x.element_size()
     last = sum((n - 1) * stride for n, stride in zip(x.shape, x.stride()))
     return start, start + (last + 1) * x.element_size()
 

@@ -137,7 +137,7 @@ def _run_watched(command: list[str], env: dict, out: Path, end: float) -> int:
                 printed = now
     if live:
         print()
-    print(f"frost-fuzz: {status_line(out / 'records', end - time.time())}; pytest's output is in {log_path}")
+    print(f"{status_line(out / 'records', end - time.time())}; pytest's output is in {log_path}")
     tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
     print("\n".join(tail), flush=True)
     return process.returncode
