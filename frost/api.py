@@ -31,14 +31,19 @@ def sdpa_forward(
     scale=None, causal=False, causal_align="top_left", window=(-1, -1),
     seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
     max_seqlen_q=None, max_seqlen_k=None, bias=None, sinks=None, rope=None,
-    engine=None, out=None,
+    engine=None, out=None, deterministic=False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Attention forward: ``(o, lse)``. ``out=(o, lse)`` writes into preallocated tensors."""
+    """Attention forward: ``(o, lse)``. ``out=(o, lse)`` writes into preallocated tensors.
+
+    ``deterministic`` is the backward's keyword; it is taken here only so that passing it
+    gets validation's ValueError naming it rather than a TypeError.
+    """
     # split in prepare's order, so a bad rope is reported before a bad window
     rope_cos, rope_sin = split_rope(rope)
     tensors = Tensors(q, k, v, None, None, None, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k,
                       bias, sinks, rope_cos, rope_sin)  # fmt: skip
-    options = Options(scale, causal, causal_align, split_window(window), max_seqlen_q, max_seqlen_k, False)
+    options = Options(scale, causal, causal_align, split_window(window), max_seqlen_q, max_seqlen_k,
+                      deterministic)
     return serve("forward", tensors, options, engine, out)
 
 

@@ -16,6 +16,7 @@ so routing and compile caches see one problem, not two spellings of it:
   does for dense inputs without padding and ``Sq == Sk``, where both alignments
   coincide;
 - ``scale=None`` resolves to ``1 / sqrt(head_dim_qk)``;
+- a window side at least as wide as the longest sequence is no bound (-1);
 - for packed (THD) inputs ``seqlen_q`` / ``seqlen_k`` are the longest sequence, or
   the ``max_seqlen_q`` / ``max_seqlen_k`` given by the caller (validated to be at
   least the longest). Computing the longest sequence, like the other checks of
@@ -251,7 +252,7 @@ def prepare_records(
 
 def _build(direction: str, t: Tensors, options: Options, extents: validation.Extents) -> Problem:
     q, k, v = t.q, t.k, t.v
-    window_left, window_right = options.window
+    window_left, window_right = _normalized_window(options.window, extents)
     causal = options.causal or window_right == 0
     if causal:
         window_right = 0
@@ -292,6 +293,18 @@ def _build(direction: str, t: Tensors, options: Options, extents: validation.Ext
         strided=not all(x.is_contiguous() for x in read),
         vector_aligned=all(_vector_aligned(x) for x in read),
     )
+
+
+def _normalized_window(window: tuple[int, int], extents: validation.Extents) -> tuple[int, int]:
+    """A side at least as wide as the longest extent is no bound (-1), as SEMANTICS.md says.
+
+    With i < Sq_b and j < Sk_b, ``j >= i + delta - left`` holds for every pair once
+    ``left >= max(Sq, Sk)`` (delta is 0 or Sk_b - Sq_b), and likewise the right side, so the
+    Problem routes like an unbounded window and no engine meets an int beyond int64.
+    ``max(..., 1)`` keeps ``right = 0`` (causal) causal on empty sequences.
+    """
+    widest = max(extents.seqlen_q, extents.seqlen_k, 1)
+    return tuple(-1 if side >= widest else side for side in window)
 
 
 def _vector_aligned(x: torch.Tensor) -> bool:

@@ -24,6 +24,7 @@ from frost.records import TENSOR_FIELDS, Grads, Options, Tensors
 
 IO_DTYPES = (torch.float16, torch.bfloat16)
 ALIGNMENTS = ("top_left", "bottom_right")
+_F32_MAX = torch.finfo(torch.float32).max
 
 
 class Extents(NamedTuple):
@@ -74,6 +75,7 @@ def check_out(direction: str, out, tensors: Tensors):
         lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (q.shape[1], q.shape[0])
         _check_out_tensor("out.o", o, (*q.shape[:-1], v.shape[-1]), dtype, device)
         _check_out_tensor("out.lse", lse, lse_shape, torch.float32, device)
+        _check_out_memory((("out.o", o), ("out.lse", lse)), tensors)
         return o, lse
     if not isinstance(out, (tuple, list)) or len(out) != 5:
         raise ValueError("out: expected Grads(dq, dk, dv, dbias, dsinks) for the backward")
@@ -88,7 +90,78 @@ def check_out(direction: str, out, tensors: Tensors):
             if grad is None:
                 raise ValueError(f"out.{name}: a tensor is required since {name[1:]} is given")
             _check_out_tensor(f"out.{name}", grad, tuple(source.shape), source.dtype, device)
+    named = [(f"out.{name}", x) for name, x in zip(Grads._fields, grads) if x is not None]
+    _check_out_memory(named, tensors)
     return grads
+
+
+def _check_out_memory(outputs, tensors: Tensors) -> None:
+    """Outputs must not overlap themselves, each other or any input (SEMANTICS.md's inputs
+    are read while outputs are written: an alias would be overwritten or read half-written).
+
+    Cheap on every call (a cached plan's too): byte spans compared as ints, the inputs'
+    computed once; only spans that intersect (slices interleaved in one buffer, e.g. dq,
+    dk, dv of a packed dqkv) get the exact, O(numel) test.
+    """
+    if tensors.q.device.type == "meta":  # no memory to overlap
+        return
+    spans = []
+    for name, x in outputs:
+        if not x.is_contiguous() and _self_overlapping(x):
+            raise ValueError(
+                f"{name}: its elements overlap in memory (shape {tuple(x.shape)}, strides {tuple(x.stride())}); "
+                "an output needs one element per address"
+            )
+        spans.append((name, x, _span(x)))
+    inputs = [(name, y, _span(y)) for name, y in _present(tensors)]
+    for index, (name, x, span) in enumerate(spans):
+        if span is None:
+            continue
+        for other, y, other_span in spans[:index]:
+            if _overlap(x, span, y, other_span):
+                raise ValueError(f"{name}: overlaps {other} in memory; every output needs memory of its own")
+        for other, y, other_span in inputs:
+            if _overlap(x, span, y, other_span):
+                raise ValueError(f"{name}: overlaps the input {other} in memory; out= must not alias an input")
+
+
+def _span(x: torch.Tensor) -> tuple[int, int] | None:
+    """The byte addresses ``[first, last + 1)`` of x's elements; None when it has none."""
+    numel = x.numel()
+    if numel == 0:
+        return None
+    start = x.data_ptr()
+    if x.is_contiguous():
+        return start, start + numel * x.element_size()
+    last = sum((n - 1) * stride for n, stride in zip(x.shape, x.stride()))
+    return start, start + (last + 1) * x.element_size()
+
+
+def _self_overlapping(x: torch.Tensor) -> bool:
+    """No proof that x's elements have distinct addresses: with the dims sorted by stride,
+    each stride must pass the farthest offset the smaller dims reach (torch's own rule)."""
+    reach = 0
+    for stride, n in sorted((stride, n) for n, stride in zip(x.shape, x.stride()) if n > 1):
+        if stride <= reach:
+            return True
+        reach += (n - 1) * stride
+    return False
+
+
+def _overlap(x: torch.Tensor, x_span, y: torch.Tensor, y_span) -> bool:
+    """Whether x and y share a byte: spans first, then byte by byte within their union."""
+    if x_span is None or y_span is None or x_span[1] <= y_span[0] or y_span[1] <= x_span[0]:
+        return False
+    low = min(x_span[0], y_span[0])
+    marks = torch.zeros(max(x_span[1], y_span[1]) - low, dtype=torch.uint8, device=x.device)
+    _bytes_of(marks, x, low).fill_(1)
+    return bool(_bytes_of(marks, y, low).any())
+
+
+def _bytes_of(marks: torch.Tensor, x: torch.Tensor, low: int) -> torch.Tensor:
+    """The bytes of x's elements as a view of ``marks``, whose byte 0 is address ``low``."""
+    size = x.element_size()
+    return marks.as_strided((*x.shape, size), (*(stride * size for stride in x.stride()), 1), x.data_ptr() - low)
 
 
 def _check_out_tensor(name, x, shape, dtype, device) -> None:
@@ -161,19 +234,23 @@ def _check_last_dim_strides(t: Tensors) -> None:
 def _check_heads(t: Tensors, head_axis: int) -> None:
     q, k, v = t.q, t.k, t.v
     heads_q, heads_kv = q.shape[head_axis], k.shape[head_axis]
-    if heads_q < 1 or heads_kv < 1:
-        raise ValueError(f"q: head counts must be >= 1, got Hq={heads_q}, Hkv={heads_kv}")
+    for name, heads in (("q", heads_q), ("k", heads_kv)):
+        if heads < 1:
+            raise ValueError(f"{name}: head counts must be >= 1, got Hq={heads_q}, Hkv={heads_kv}")
     if v.shape[head_axis] != heads_kv:
         raise ValueError(f"v: has {v.shape[head_axis]} heads but k has {heads_kv}")
     if heads_q % heads_kv != 0:
         raise ValueError(f"k: Hq={heads_q} is not a multiple of Hkv={heads_kv}")
-    if q.shape[-1] < 1 or v.shape[-1] < 1:
-        raise ValueError(f"q: head dims must be >= 1, got Dqk={q.shape[-1]}, Dv={v.shape[-1]}")
+    for name, x in (("q", q), ("v", v)):
+        if x.shape[-1] < 1:
+            raise ValueError(f"{name}: head dims must be >= 1, got Dqk={q.shape[-1]}, Dv={v.shape[-1]}")
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"k: head dim {k.shape[-1]} does not match q's {q.shape[-1]}")
 
 
 def _check_int_vector(name: str, x: torch.Tensor, length: int | None) -> list[int]:
+    if x.device.type == "meta":  # checked first: tolist() below would raise NotImplementedError
+        raise ValueError(f"{name}: on the meta device, which holds no values; frost reads {name} on the host")
     if x.dtype != torch.int32:
         raise ValueError(f"{name}: dtype must be torch.int32, got {x.dtype}")
     if x.dim() != 1:
@@ -283,6 +360,8 @@ def _check_options(options: Options, direction: str) -> None:
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
             raise ValueError(f"scale: expected a finite number or None, got {scale!r}")
+        if abs(scale) > _F32_MAX:  # SEMANTICS.md: any finite float representable in float32
+            raise ValueError(f"scale: {scale!r} is beyond float32's range (|scale| <= {_F32_MAX:.7g})")
     if not isinstance(options.causal, bool):
         raise ValueError(f"causal: expected a bool, got {options.causal!r}")
     if options.causal_align not in ALIGNMENTS:

@@ -21,8 +21,11 @@ explores different ground, and each is written to the run folder's fuzz log.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import unittest
 
@@ -35,6 +38,10 @@ class Budget:
     share_end: float = float("inf")  # when the running test's share ends
     examples: int = 0  # examples started in the running chunk
     failed: bool = False  # an example of the running chunk failed
+    progress: Path | None = None  # where this worker's running totals go, for the runner's status line
+    examples_total: int = 0  # examples started in this worker, every test and chunk
+    chunks_failed: int = 0
+    _written: float = 0.0  # time.time() of the last progress write
 
     def chunk_seed(self, test_id: str, chunk: int) -> int:
         text = f"{self.seed}:{self.worker}:{test_id}:{chunk}"
@@ -50,6 +57,18 @@ class Budget:
 
     def share_spent(self) -> bool:
         return time.time() >= self.share_end
+
+    def write_progress(self, *, force: bool = False) -> None:
+        """This worker's totals into ``progress`` (JSON, replaced atomically), at most once a
+        second unless forced: the ``frost-fuzz`` runner reads them for its live status line."""
+        now = time.time()
+        if self.progress is None or (not force and now - self._written < 1.0):
+            return
+        self._written = now
+        partial = self.progress.with_suffix(".tmp")
+        partial.write_text(json.dumps({"worker": self.worker, "examples": self.examples_total,
+                                       "failures": self.chunks_failed}), encoding="utf-8")  # fmt: skip
+        os.replace(partial, self.progress)
 
 
 _active: Budget | None = None
@@ -76,6 +95,8 @@ def example_started() -> None:
     if budget.examples and not budget.failed and budget.share_spent():
         raise ShareSpent("frost-fuzz: this test's share of the time budget is spent")
     budget.examples += 1
+    budget.examples_total += 1
+    budget.write_progress()
 
 
 def example_failed() -> None:

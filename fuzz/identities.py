@@ -10,7 +10,7 @@ lse) are both compared, the backward only where the acceptance rule can judge it
 (``fuzz.limits``).
 
 - ``packed_equals_per_sequence_and_padded``: a packed THD problem == each sequence
-  run alone (dense, batch 1) == the dense padded layout (garbage in the padding);
+  run alone (dense, batch 1) == the dense padded layout (NaN in the padding);
 - ``gqa_equals_repeated_kv``: GQA / MQA == MHA with K and V heads repeated
   (dk, dv summed back over each group);
 - ``batch_permutation``: permuting the sequences permutes the outputs (dbias of a
@@ -148,11 +148,12 @@ def _packed_sides(case: Case, inputs: Inputs) -> list[Side]:
     segs = packed.segments
     longest_q, longest_k = packed.max_sq, packed.max_sk
     bias, sinks = kw.get("bias"), kw.get("sinks")
-    gen = torch.Generator().manual_seed(case.seed + 1)
     dense_kw = _keywords(inputs, cu_seqlens_q=None, cu_seqlens_k=None, bias=None)
 
     def pad(x: torch.Tensor, rows: str, longest: int) -> torch.Tensor:
-        out = _garbage(gen, (len(segs), longest, *x.shape[1:]), x)
+        # padded rows hold NaN: SEMANTICS.md lets them hold any bits, and NaN is what a
+        # product by zero (rather than a selection) would let through
+        out = torch.full((len(segs), longest, *x.shape[1:]), math.nan, dtype=x.dtype, device=x.device)
         for seg in segs:
             index = seg.q_index if rows == "q" else seg.k_index
             out[seg.batch, : (seg.sq if rows == "q" else seg.sk)] = x[index]
@@ -166,6 +167,7 @@ def _packed_sides(case: Case, inputs: Inputs) -> list[Side]:
         pad(inputs.do, "q", longest_q),
         {**dense_kw, "seqlens_q": _lengths(segs, "q", inputs), "seqlens_k": _lengths(segs, "k", inputs),
          **({"bias": bias[:, :, :longest_q, :longest_k]} if bias is not None else {})},
+        poisoned=True,
     )  # fmt: skip
     alone = [
         Inputs(inputs.q[seg.q_index][None], inputs.k[seg.k_index][None], inputs.v[seg.k_index][None],

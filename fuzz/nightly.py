@@ -24,7 +24,10 @@ of N mixes K in, so N machines given the same night seed and ``--shard 1/N`` ..
 The run folder (default ``frost-out/fuzz-<regime>-<timestamp>[-shardKofN]``) has the
 same format as ``frost-report``'s (``reports.publish``), plus the chunk log; drift is
 measured against the previous run of the same regime. ``--merge`` joins the run
-folders of several shards (or machines) into one report. The exit status is pytest's.
+folders of several shards (or machines) into one report. While pytest runs (its output
+goes to ``pytest.log`` in the run folder) a status line shows the examples run, the
+failed chunks and the time left. The verdict is ``frost-report``'s (red whenever pytest
+failed); the exit status is pytest's.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,7 +44,7 @@ from datetime import datetime
 from pathlib import Path
 
 from fuzz import devices
-from reports import fuzzlog, publish, records, tables
+from reports import cli, fuzzlog, publish, records, tables, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT_RESERVE_S = 20.0  # seconds kept at the end of the budget for the report (a fifth of short budgets)
@@ -70,6 +74,7 @@ def pytest_command(regime: str, workers: int, out: Path, until: float, seed: int
     marker = "fuzz and gpu" if regime == "gpu" else "fuzz and not gpu"
     command = [sys.executable, "-m", "pytest", "suites/fuzz", "-m", marker, "-q", "-p", "no:cacheprovider",
                "--frost-profile", "nightly", f"--frost-records={out / 'records'}",
+               f"--junitxml={out / verdict.JUNIT_FILE}",
                f"--frost-fuzz-until={until:.3f}", f"--frost-fuzz-seed={seed}"]  # fmt: skip
     if workers > 1:
         command += ["-n", str(workers), "--dist", "each"]
@@ -97,16 +102,59 @@ def _fuzz(args) -> int:
     print(f"frost-fuzz: night seed {args.seed}, shard {args.shard[0]}/{args.shard[1]} (run seed {seed}); "
           f"{regime} regime, {workers} workers" + (f" on GPUs {','.join(listed)}" if listed else "")
           + f"; budget {args.budget:.0f}s; chunk seeds in {out / 'records'}/fuzz-*.jsonl", flush=True)  # fmt: skip
-    print("frost-fuzz:", " ".join(command), flush=True)
-    status = subprocess.call(command, cwd=ROOT, env=env)
+    print("frost-fuzz:", shlex.join(command), flush=True)  # quoted: pastes into a shell as is
+    status = _run_watched(command, env, out, start + args.budget)
     meta = {
         "key": f"fuzz-{regime}", "title": f"fuzz {regime}, {started:%Y-%m-%d %H:%M}, shard "
         f"{args.shard[0]}/{args.shard[1]}, pytest exit {status}", "started": started.isoformat(),
         "pytest_exit": status, "night_seed": args.seed, "run_seed": seed, "shard": f"{args.shard[0]}/{args.shard[1]}",
         "budget_s": args.budget, "wall_s": round(time.time() - start, 1), "workers": workers,
-        "devices": ",".join(listed), "command": " ".join(command),
+        "devices": ",".join(listed), "command": shlex.join(command),
     }  # fmt: skip
     return _report(out, meta, status)
+
+
+STATUS_EVERY_S = 30.0  # without a terminal, one status line this often
+
+
+def _run_watched(command: list[str], env: dict, out: Path, end: float) -> int:
+    """Run pytest with its output in ``out/pytest.log`` and a live status line here: examples,
+    failed chunks and time left, summed over the workers' ``progress-*.json`` (``fuzz.budget``).
+    On a terminal the line redraws in place; otherwise it is printed every ``STATUS_EVERY_S``.
+    At the end pytest's own summary (the log's tail) follows."""
+    (out / "records").mkdir(parents=True, exist_ok=True)
+    log_path = out / "pytest.log"
+    live = sys.stdout.isatty()
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        printed = 0.0
+        while process.poll() is None:
+            time.sleep(0.5)
+            now = time.time()
+            if live or now - printed >= STATUS_EVERY_S:
+                line = status_line(out / "records", end - now)
+                print(f"\r{line}\033[K" if live else line, end="" if live else "\n", flush=True)
+                printed = now
+    if live:
+        print()
+    print(f"{status_line(out / 'records', end - time.time())}; pytest's output is in {log_path}")
+    tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+    print("\n".join(tail), flush=True)
+    return process.returncode
+
+
+def status_line(folder: Path, left_s: float) -> str:
+    """``N examples, F failures, M:SS left`` from the workers' progress files in ``folder``."""
+    examples = failures = 0
+    for path in folder.glob("progress-*.json"):
+        try:
+            progress = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # being replaced this instant: next time
+            continue
+        examples += progress.get("examples", 0)
+        failures += progress.get("failures", 0)
+    left = max(0, int(left_s))
+    return f"frost-fuzz: {examples} examples, {failures} failures, {left // 60}:{left % 60:02d} left"
 
 
 def _merge(args) -> int:
@@ -119,9 +167,9 @@ def _merge(args) -> int:
     for index, folder in enumerate(args.merge):
         meta = json.loads((folder / publish.RUN_FILE).read_text(encoding="utf-8"))
         keys.add(meta["key"])
-        for path in sorted((folder / "records").glob("*.jsonl")):
-            kind, worker = path.stem.split("-", 1)
-            shutil.copyfile(path, out / "records" / f"{kind}-run{index}-{worker}.jsonl")
+        for path in sorted((folder / "records").glob("*.jsonl*")):
+            kind, rest = path.name.split("-", 1)  # e.g. records-gw0.jsonl.gz: kind records, rest gw0.jsonl.gz
+            shutil.copyfile(path, out / "records" / f"{kind}-run{index}-{rest}")
     started = datetime.now()
     meta = {"key": "+".join(sorted(keys)), "title": f"fuzz, {len(args.merge)} runs merged, {started:%Y-%m-%d %H:%M}",
             "started": started.isoformat(), "merged": [str(f) for f in args.merge]}  # fmt: skip
@@ -139,7 +187,7 @@ def _report(out: Path, meta: dict, status: int) -> int:
     for row in fuzzlog.failures(fuzzlog.frame(chunks)).itertuples():
         print(f"frost-fuzz: FAILED {row.test_id} on {row.worker} (chunk seed {row.seed}): {row.failure}"
               + (f"\n  reproduce: {row.reproduce}" if row.reproduce else ""))  # fmt: skip
-    return status
+    return cli.print_verdict("frost-fuzz", out, status)
 
 
 def main(argv: list[str] | None = None) -> int:

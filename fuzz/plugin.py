@@ -11,7 +11,9 @@ Loaded by the repository's conftest.py, in every test process:
   the time is spent (``fuzz.budget``), skips fuzz tests that would start after the
   deadline, and appends one row per chunk (test, worker, GPU, seed, examples,
   seconds, outcome, failure message) to ``fuzz-<worker>.jsonl`` in the run folder
-  of ``reports.plugin``. A failing chunk's seed is also shown in the test's report.
+  of ``reports.plugin``, and keeps ``progress-<worker>.json`` there (examples and failed
+  chunks so far) for the runner's live status line. A failing chunk's seed is also
+  shown in the test's report.
 """
 from __future__ import annotations
 
@@ -60,7 +62,9 @@ def pytest_sessionstart(session):
     until = session.config.getoption("frost_fuzz_until")
     if until is not None:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        budget.activate(budget.Budget(until=until, seed=session.config.getoption("frost_fuzz_seed"), worker=worker))
+        progress = records_plugin.run_folder(session.config) / f"progress-{worker}.json"
+        budget.activate(budget.Budget(until=until, seed=session.config.getoption("frost_fuzz_seed"), worker=worker,
+                                      progress=progress))  # fmt: skip
 
 
 def pytest_sessionfinish(session):
@@ -96,6 +100,7 @@ def pytest_pyfunc_call(pyfuncitem):
         except BaseException as error:
             outcome, failure = "failed", f"{type(error).__name__}: {error}"[:4000]
             pyfuncitem.add_report_section("call", "frost-fuzz", f"failing chunk {chunk}: seed {seed}")
+            active.chunks_failed += 1
             raise
         finally:
             records.append_jsonl(log, [{
@@ -104,5 +109,6 @@ def pytest_pyfunc_call(pyfuncitem):
                 "examples": active.examples, "seconds": round(time.time() - started, 3),
                 "outcome": outcome, "failure": failure,
             }])  # fmt: skip
+            active.write_progress(force=True)
         chunk += 1
     return True

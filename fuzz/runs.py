@@ -18,7 +18,7 @@ import oracle.reference
 from frost import dispatch
 from frost.dispatch import Decision
 from frost.problem import Problem
-from suites.harness import Inputs, run_backward, run_forward
+from suites.harness import Inputs, backward_feed, run_backward, run_forward
 
 
 def problem_of(inputs: Inputs, direction: str, *, deterministic: bool = False) -> Problem:
@@ -55,9 +55,10 @@ def baseline_backward(inputs: Inputs) -> dict[str, torch.Tensor | None]:
     return grads.as_dict()
 
 
-def rounded(forward: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The oracle's (o, lse) as an engine's backward takes them: o in the io dtype, lse in float32."""
-    return forward["o"].to(dtype), forward["lse"].float()
+def rounded(forward: dict[str, torch.Tensor], inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle's (o, lse) as an engine's backward takes them: o in the io dtype, lse in
+    float32, NaN in padded query rows where the inputs are poisoned (``harness.backward_feed``)."""
+    return backward_feed(inputs, forward["o"], forward["lse"])
 
 
 def run(inputs: Inputs, direction: str, engine: str | None, *, deterministic: bool = False,
@@ -69,6 +70,6 @@ def run(inputs: Inputs, direction: str, engine: str | None, *, deterministic: bo
     if direction == "forward":
         o, lse, decision = run_forward(inputs, engine=engine)
         return {"o": o, "lse": lse}, decision
-    o, lse = rounded(forward, inputs.q.dtype)
+    o, lse = rounded(forward, inputs)
     grads, decision = run_backward(inputs, o, lse, engine=engine, deterministic=deterministic)
     return dict(grads._asdict()), decision

@@ -5,7 +5,9 @@ PNG, no script and nothing fetched, so it opens from a CI artifact or a mail
 attachment. Without matplotlib (the optional ``plots`` extra) the page has the tables
 only and says so. Sections: the run's facts, failures (with their reproduction
 lines), fuzz throughput per test and per GPU, error statistics per feature, drift
-against the previous run, pass rates, routing.
+against the previous run, pass rates, routing. The verdict (``reports.verdict``: red
+whenever pytest failed, whatever the records say) and one line per engine x direction
+lead the page; every long table shows its top rows and a count of the rest.
 """
 from __future__ import annotations
 
@@ -38,8 +40,12 @@ def _plots_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _table(df: pd.DataFrame, *, limit: int | None = None) -> str:
-    """An HTML table; numbers right-aligned with 3 significant digits; long cells as code."""
+TOP_ROWS = 20  # a long table shows its top rows and counts the rest
+
+
+def _table(df: pd.DataFrame, *, limit: int | None = TOP_ROWS) -> str:
+    """An HTML table of the first ``limit`` rows (None: all) and a count of the rest; numbers
+    right-aligned with 3 significant digits; long cells as code."""
     if df.empty:
         return '<p class="note">none</p>'
     shown = df.head(limit) if limit else df
@@ -57,7 +63,8 @@ def _table(df: pd.DataFrame, *, limit: int | None = None) -> str:
                 text = html.escape(str(value))
                 cells.append(f"<td><code>{text}</code></td>" if len(text) > 60 else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    more = f'<p class="note">{len(df) - len(shown)} more rows in the CSV files</p>' if len(shown) < len(df) else ""
+    more = (f'<p class="note">and {len(df) - len(shown)} more rows (the CSV files have them all)</p>'
+            if len(shown) < len(df) else "")  # fmt: skip
     return f"<table><tr>{head}</tr>{''.join(body)}</table>{more}"
 
 
@@ -71,12 +78,7 @@ def _png(figure) -> str:
     return f'<img alt="plot" src="data:image/png;base64,{data}">'
 
 
-ORACLE_PROPERTIES = ("grid", "forward_matches_oracle", "backward_matches_oracle")
-
-
-def _against_oracle(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows that measure an engine against the float64 oracle (not an identity's two sides)."""
-    return rows[rows["property"].astype(object).fillna("grid").replace("", "grid").isin(ORACLE_PROPERTIES)]
+_against_oracle = tables.against_oracle
 
 
 def _ratio_histograms(df: pd.DataFrame) -> str:
@@ -152,9 +154,26 @@ def _throughput_bars(per_gpu: pd.DataFrame) -> str:
     return _png(figure)
 
 
+def _verdict_block(judged, df: pd.DataFrame) -> list[str]:
+    """The page's head: the verdict in its colour, the tests behind a red one (top entries and
+    a count of the rest), and one line per engine x direction (worst ratio, near misses)."""
+    shown = judged.problems[:TOP_ROWS]
+    rest = len(judged.problems) - len(shown)
+    parts = [f"<p class='{'ok' if judged.passed else 'fail'}'>{html.escape(judged.headline)}</p>"]
+    if shown:
+        parts.append("<ul>" + "".join(f"<li><code>{html.escape(line)}</code></li>" for line in shown) + "</ul>")
+    if rest:
+        parts.append(f"<p class='note'>and {rest} more (run.json lists them all)</p>")
+    lines = tables.engine_summary_lines(df)
+    if lines:
+        parts.append("<pre>" + html.escape("\n".join(lines)) + "</pre>")
+    return parts
+
+
 def render(meta: dict, df: pd.DataFrame, stats: pd.DataFrame, drift: pd.DataFrame | None,
-           chunks: pd.DataFrame, *, plots: bool | None = None) -> str:
-    """The page. ``plots=None`` draws them when matplotlib is importable."""
+           chunks: pd.DataFrame, *, plots: bool | None = None, verdict=None) -> str:
+    """The page. ``plots=None`` draws them when matplotlib is importable. ``verdict``
+    (``reports.verdict.Verdict``) leads the page; without one the records alone judge."""
     plots = _plots_available() if plots is None else plots
     if plots:
         import matplotlib
@@ -165,15 +184,22 @@ def render(meta: dict, df: pd.DataFrame, stats: pd.DataFrame, drift: pd.DataFram
     failures = failed_rows[["property", "engine", "direction", "output", "ratio", "case", "error", "reproduce"]]
     feature_stats = stats[stats["by"] == "feature"].drop(columns=["by"])
     title = html.escape(str(meta.get("title", "frost report")))
+    if verdict is None:
+        from reports import verdict as verdicts
+
+        cases_failed = [(r.test_id, f"CASE {r.test_id}") for r in case_df[~case_df["passed"].astype(bool)].itertuples()]
+        chunks_failed = [f"FUZZ {r.test_id}" for r in fuzzlog.failures(chunks).itertuples()]
+        verdict = verdicts.judge(None, None, cases_failed, chunks_failed)
     passed = int(case_df["passed"].astype(bool).sum()) if not case_df.empty else 0
-    verdict_class = "ok" if passed == len(case_df) and fuzzlog.failures(chunks).empty else "fail"
+    facts = {name: value for name, value in meta.items() if name not in ("verdict", "problems")}
     parts = [
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{title}</title>",
         f"<style>{_CSS}</style></head><body><h1>{title}</h1>",
-        _table(pd.DataFrame({"fact": list(meta), "value": [str(v) for v in meta.values()]})),
-        f"<p class='{verdict_class}'>{passed} of {len(case_df)} cases passed</p>",
+        *_verdict_block(verdict, df),
+        _table(pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]}), limit=None),
+        f"<p class='note'>{passed} of {len(case_df)} harness cases passed (pytest's verdict is above)</p>",
         "<pre>" + html.escape("\n".join(tables.summary_lines(df))) + "</pre>",
-        "<h2>Failures</h2>", _table(failures, limit=100),
+        "<h2>Failures</h2>", _table(failures),
     ]
     if not chunks.empty:
         per_gpu = fuzzlog.per_gpu(chunks)
@@ -197,9 +223,9 @@ def render(meta: dict, df: pd.DataFrame, stats: pd.DataFrame, drift: pd.DataFram
         flagged = drift[~flags.isin(["", "new group", "gone"])]
         parts.append(f"<p class='note'>{len(flagged)} flagged groups; {int((flags == 'new group').sum())} groups "
                      f"new in this run, {int((flags == 'gone').sum())} gone (drift.csv has every group)</p>")
-        parts.append(_table(flagged, limit=60))
+        parts.append(_table(flagged))
     parts += ["<h2>Pass rate per engine, direction and feature group</h2>",
-              _table(tables.pass_rate(case_df), limit=200),
+              _table(tables.pass_rate(case_df).sort_values("worst_ratio", ascending=False)),
               "<h2>Routing</h2>", _table(tables.routing(case_df)),
               _table(tables.declines(case_df, top=20))]  # fmt: skip
     if not plots:

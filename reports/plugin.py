@@ -3,8 +3,8 @@
 Loaded by the repository's conftest.py. Each test process (the only one, "main", or
 each pytest-xdist worker, "gw0", ...) appends the rows its tests recorded, stamped with
 the test id, outcome, worker and the worker's ``CUDA_VISIBLE_DEVICES`` (column ``gpu``:
-the physical GPU a fuzz runner gave it), to ``records-<worker>.jsonl`` in the run
-folder; the controller merges the files at the end and prints the routing summary
+the physical GPU a fuzz runner gave it), to ``records-<worker>.jsonl.gz`` in the run
+folder (a failing fuzz test's shrinking steps reduced to its last, shrunk example); the controller merges the files at the end and prints the routing summary
 (``reports.tables``). ``run_folder(config)`` tells other plugins where the run folder
 is, for logs of their own.
 
@@ -57,7 +57,7 @@ def pytest_configure(config):
         given = config.getoption("frost_records")
         folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="frost-records-"))
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob("records-*.jsonl"):
+        for stale in [*folder.glob("records-*.jsonl*"), *folder.glob("progress-*")]:
             stale.unlink()
         config.stash[_TEMPORARY] = given is None
         name = "main"
@@ -65,7 +65,7 @@ def pytest_configure(config):
             config.pluginmanager.register(_XdistHooks(folder), "frost-records-xdist")
     config.stash[_FOLDER] = folder
     config.stash[_WORKER] = name
-    config.stash[_FILE] = folder / f"records-{name}.jsonl"
+    config.stash[_FILE] = folder / f"records-{name}.jsonl.gz"
     records.start()
 
 
@@ -73,7 +73,7 @@ def pytest_configure(config):
 def pytest_runtest_makereport(item, call):
     report = yield
     if call.when == "call":
-        rows = records.drain()
+        rows = records.last_failure_only(records.drain())
         for row in rows:
             row.update(test_id=item.nodeid, outcome=report.outcome, worker=item.config.stash[_WORKER],
                        gpu=os.environ.get("CUDA_VISIBLE_DEVICES", ""))

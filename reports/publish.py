@@ -1,12 +1,14 @@
 """A run folder's report: everything ``frost-report`` and ``frost-fuzz`` write into it.
 
 A run folder holds ``records/`` (the pytest plugin's JSON-lines files: one
-``records-<worker>.jsonl`` per test process, and ``fuzz-<worker>.jsonl`` chunk logs
+``records-<worker>.jsonl.gz`` per test process, and ``fuzz-<worker>.jsonl`` chunk logs
 under ``frost-fuzz``) and, after ``write_run``:
 
+- ``junit.xml``: pytest's own account of every test (the runners pass ``--junitxml``);
 - ``run.json``: the run's facts (``key`` names its kind, e.g. ``L0`` or ``fuzz-cpu``;
-  ``started``; the pytest exit status; the runner's settings);
-- ``cases.csv``, ``routing.md``, ``pass_rate.md`` (``reports.tables``);
+  ``started``; the pytest exit status; the runner's settings; the verdict and the tests
+  behind a red one, ``reports.verdict``);
+- ``cases.csv.gz``, ``routing.md``, ``pass_rate.md`` (``reports.tables``);
 - ``stats.csv``: error statistics (``reports.stats.error_stats``);
 - ``drift.md`` / ``drift.csv``: the statistics against the previous run of the same
   key, the newest sibling folder (same parent) that started earlier and has a
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports import fuzzlog, html, records, stats, tables
+from reports import fuzzlog, html, records, stats, tables, verdict
 
 RUN_FILE = "run.json"
 
@@ -57,12 +59,27 @@ def write_run(folder: Path, meta: dict, *, plots: bool | None = None) -> list[Pa
         paths += [folder / "drift.csv", _write_drift(folder / "drift.md", drift, previous, meta["title"])]
     if not chunks.empty:
         paths.append(_write_fuzz(folder / "fuzz.md", chunks, meta["title"]))
+    judged = judge_run(folder, meta, df, chunks)
+    meta = {**meta, "verdict": judged.headline, "problems": judged.problems}
     (folder / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
     paths.append(folder / RUN_FILE)
     page = folder / "report.html"
-    page.write_text(html.render(meta, df, now, drift, chunks, plots=plots), encoding="utf-8")
+    page.write_text(html.render(meta, df, now, drift, chunks, plots=plots, verdict=judged), encoding="utf-8")
     paths.append(page)
     return paths
+
+
+def judge_run(folder: Path, meta: dict, df: pd.DataFrame, chunks: pd.DataFrame) -> verdict.Verdict:
+    """The run's verdict (``reports.verdict``) from pytest's exit status, junit.xml and the records.
+    A merged report (no ``pytest_exit``) is judged on the records alone."""
+    junit = verdict.read_junit(folder / verdict.JUNIT_FILE)
+    failed = tables.cases(df)
+    failed = failed[~failed["passed"].astype(bool)]
+    lines = [(r.test_id, f"CASE {r.test_id} [{r.direction} {r.engine}] worst ratio {r.ratio:.3g}")
+             for r in failed.itertuples()]  # fmt: skip
+    chunk_lines = [f"FUZZ {r.test_id} on {r.worker} (chunk seed {r.seed}): {r.failure}"
+                   for r in fuzzlog.failures(chunks).itertuples()]  # fmt: skip
+    return verdict.judge(meta.get("pytest_exit"), junit, lines, chunk_lines)
 
 
 def _write_drift(path: Path, drift: pd.DataFrame, previous: Path, title: str) -> Path:

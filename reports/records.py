@@ -5,7 +5,8 @@ keys in report order. The harness calls ``add`` while a test runs; the pytest pl
 (``reports.plugin``) has called ``start`` and, after each test, ``drain``s the rows,
 stamps them with the test id, outcome, worker and the worker's GPU (its
 ``CUDA_VISIBLE_DEVICES``) and appends them as JSON lines to its worker's file of the
-run folder (``records-<worker>.jsonl``). Outside a pytest run with the plugin nothing
+run folder (``records-<worker>.jsonl.gz``: compact JSON, gzip-compressed; a fuzz run
+records thousands of examples, and a failing one only once, ``last_failure_only``). Outside a pytest run with the plugin nothing
 collects and ``add`` drops the row. ``stamped(property=...)`` adds fields to every row
 added inside it (the fuzz properties name themselves this way; rows of the fixed
 suites have no property).
@@ -16,6 +17,7 @@ to ``fuzz-<worker>.jsonl`` (``FUZZ_COLUMNS``).
 """
 from __future__ import annotations
 
+import gzip
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,16 +68,41 @@ def drain() -> list[dict]:
     return rows
 
 
+def _open(path: Path, mode: str):
+    """A text file, gzip-compressed when its name ends in ``.gz`` (appends add gzip members,
+    which a reader sees as one stream)."""
+    path = Path(path)
+    return gzip.open(path, mode + "t", encoding="utf-8") if path.suffix == ".gz" else open(path, mode, encoding="utf-8")
+
+
 def append_jsonl(path: Path, rows: list[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, default=str) + "\n")
+    with _open(path, "a") as f:
+        f.write("".join(json.dumps(row, default=str, separators=(",", ":")) + "\n" for row in rows))
 
 
 def read_folder(folder: Path, prefix: str = "records") -> list[dict]:
-    """Every row of every worker file (``<prefix>-*.jsonl``) in a run folder."""
+    """Every row of every worker file (``<prefix>-*.jsonl``, or ``.jsonl.gz``) in a run folder."""
     rows = []
-    for path in sorted(Path(folder).glob(f"{prefix}-*.jsonl")):
-        with open(path, encoding="utf-8") as f:
+    paths = sorted([*Path(folder).glob(f"{prefix}-*.jsonl"), *Path(folder).glob(f"{prefix}-*.jsonl.gz")])
+    for path in paths:
+        with _open(path, "r") as f:
             rows += [json.loads(line) for line in f if line.strip()]
     return rows
+
+
+def last_failure_only(rows: list[dict]) -> list[dict]:
+    """One test's rows with the failing examples reduced to the last one.
+
+    Hypothesis runs a failing property again and again while it shrinks the example,
+    and replays the smallest one last; each run records its rows. A report needs the
+    failure once, shrunk: rows of every failing (property, case, engine, direction)
+    but the last are dropped (passing examples stay, they are the search's coverage).
+    """
+    def key(row):
+        return row.get("property"), row.get("case"), row.get("engine"), row.get("direction")
+
+    failing = [key(row) for row in rows if not row.get("passed")]
+    if len(set(failing)) < 2:
+        return rows
+    drop = set(failing) - {failing[-1]}
+    return [row for row in rows if key(row) not in drop]

@@ -5,10 +5,13 @@ every output did, and its ratio is its worst output's error/allowed ratio. A cas
 *routed* when dispatch chose the engine, *forced* when the test named it; routing
 figures count routed cases only, pass rates count both.
 
-- ``cases.csv``: every record, one row per output;
+- ``cases.csv.gz``: every record, one row per output (gzip-compressed CSV; pandas and
+  ``zcat`` read it);
 - ``routing.md``: routed cases per engine, the share served by frost's own (non-native)
   engines, the top decline reasons;
-- ``pass_rate.md``: pass rate per engine x feature group.
+- ``pass_rate.md``: pass rate per engine x feature group;
+- ``engine_summary``: per engine x direction, the worst ratio against the oracle and the
+  near misses (the line each report leads with).
 """
 from __future__ import annotations
 
@@ -126,17 +129,57 @@ def summary_lines(df: pd.DataFrame, top: int = 5) -> list[str]:
     return lines
 
 
+ORACLE_PROPERTIES = ("grid", "forward_matches_oracle", "backward_matches_oracle")
+NEAR_MISS = 0.9  # a passing case at this share of its allowance or more is a near miss
+
+
+def against_oracle(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows that measure an engine against the float64 oracle (not an identity's two sides)."""
+    return rows[rows["property"].astype(object).fillna("grid").replace("", "grid").isin(ORACLE_PROPERTIES)]
+
+
+def engine_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per engine x direction, against the oracle: cases, failed, worst ratio with its case, and
+    near misses (passing cases at ``NEAR_MISS`` of their allowance or more)."""
+    columns = ["engine", "direction", "cases", "failed", "worst_ratio", "near_misses", "worst_case"]
+    case_df = cases(against_oracle(df))
+    case_df = case_df[pd.to_numeric(case_df["ratio"], errors="coerce").notna()]
+    if case_df.empty:
+        return pd.DataFrame(columns=columns)
+    case_df = case_df.assign(ratio=case_df["ratio"].astype(float), passed=case_df["passed"].astype(bool))
+    rows = []
+    for (engine, direction), group in case_df.groupby(["engine", "direction"], sort=True):
+        worst = group.loc[group["ratio"].idxmax()]
+        near = int((group["passed"] & (group["ratio"] >= NEAR_MISS)).sum())
+        rows.append([engine, direction, len(group), int((~group["passed"]).sum()), float(worst["ratio"]), near,
+                     f"{worst['test_id']} {worst['case']}"])  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def engine_summary_lines(df: pd.DataFrame) -> list[str]:
+    """One line per engine x direction: the worst error/allowed ratio and the near misses."""
+    return [
+        f"{r.engine} {r.direction}: {r.cases} cases, {r.failed} failed, worst ratio {r.worst_ratio:.3g}, "
+        f"{r.near_misses} near misses (>= {NEAR_MISS} of the allowance)"
+        for r in engine_summary(df).itertuples()
+    ]
+
+
 def _percent(df: pd.DataFrame, column: str) -> pd.DataFrame:
     return df.assign(**{column: df[column].map(lambda x: f"{x:.0%}")})
 
 
+CASES_FILE = "cases.csv.gz"
+
+
 def write_reports(df: pd.DataFrame, folder: Path, title: str) -> list[Path]:
-    """Write cases.csv, routing.md and pass_rate.md into ``folder``; return their paths."""
+    """Write cases.csv.gz, routing.md and pass_rate.md into ``folder``; return their paths."""
     folder.mkdir(parents=True, exist_ok=True)
     case_df = cases(df)
     own, routed = own_share(case_df)
     share = f" ({own / routed:.1%})" if routed else ""
-    paths = [folder / "cases.csv", folder / "routing.md", folder / "pass_rate.md"]
+    # gzip: a fuzz run's rows (one per output of every example) run to tens of MB as plain CSV
+    paths = [folder / CASES_FILE, folder / "routing.md", folder / "pass_rate.md"]
     df.to_csv(paths[0], index=False)
     paths[1].write_text(
         f"# Routing: {title}\n\n"

@@ -3,7 +3,10 @@
 ``Case`` describes a problem by sizes and features (no tensors). ``check(case)``:
 
 1. builds fresh seeded random inputs for it (``make_inputs``; never zeros; the seed
-   mixes ``case.seed`` with the case's id, so every case draws its own numbers);
+   mixes ``case.seed`` with the case's id, so every case draws its own numbers), with
+   NaN in every row the contract lets hold garbage (padded and packed-tail rows of q,
+   k, v, do, and of o and lse fed to the backward; bias entries of padded positions);
+   on CPU by default, ``Case(poison=...)`` says otherwise;
 2. runs frost forward and/or backward through dispatch or a forced ``engine=``, into
    outputs poisoned with NaN before the launch (``out=``), and checks that packed
    rows past ``cu_seqlens[-1]`` are still poisoned afterwards;
@@ -71,6 +74,7 @@ class Case:
     scale: float | None = None
     logit_scale: float = 1.0  # multiplies q: large values stress the softmax
     strided: bool = False  # q, k, v as non-contiguous views (last dim stride 1)
+    poison: bool | None = None  # NaN in the rows no one may read; None: on CPU (see make_inputs)
     deterministic: bool = False
     seed: int = 0
     name: str = ""  # a readable id; generated from the fields when empty
@@ -109,6 +113,7 @@ class Inputs:
     v: torch.Tensor
     do: torch.Tensor
     keywords: dict
+    poisoned: bool = False  # unread rows hold NaN; the backward's o and lse get it too (backward_feed)
 
 
 @dataclass
@@ -195,7 +200,61 @@ def make_inputs(case: Case) -> Inputs:
         keywords["sinks"] = _randn(gen, (hq,), case, dtype=torch.float32, scale=case.sink_scale)
     if case.rope:
         keywords["rope"] = _rope_tables(max(extent_q, extent_k) + 3, dqk, case.device)
-    return Inputs(q, k, v, do, keywords)
+    inputs = Inputs(q, k, v, do, keywords)
+    if case.poison if case.poison is not None else case.device == "cpu":
+        _poison_unread(case, inputs)
+        inputs.poisoned = True
+    return inputs
+
+
+def _unread_rows(case: Case) -> tuple[list[slice], list[slice]]:
+    """Per batch entry (dense) or for the whole tensor (packed, one entry): the rows of
+    (q, do) and of (k, v) that SEMANTICS.md lets hold any bits."""
+    if case.layout == "thd":
+        return [slice(sum(case.lengths_q), None)], [slice(sum(case.lengths_k), None)]
+    lengths_q = case.lengths_q or (case.seqlen_q,) * case.batch
+    lengths_k = case.lengths_k or (case.seqlen_k,) * case.batch
+    return [slice(n, None) for n in lengths_q], [slice(n, None) for n in lengths_k]
+
+
+def _poison_unread(case: Case, inputs: Inputs) -> None:
+    """NaN into every input element no output may depend on (SEMANTICS.md, "Garbage outside
+    the valid region"): padded query and key/value rows, packed rows past cu_seqlens[-1],
+    bias entries of padded positions. An engine that multiplies them by zero (0 * NaN) or
+    lets them into a sum shows NaN where the oracle is finite, and fails. In place, after
+    every random draw, so each case keeps its numbers."""
+    rows_q, rows_k = _unread_rows(case)
+    dense = case.layout != "thd"
+    for index, rows in enumerate(rows_q):
+        for x in (inputs.q, inputs.do):
+            (x[index, rows] if dense else x[rows]).fill_(math.nan)
+    for index, rows in enumerate(rows_k):
+        for x in (inputs.k, inputs.v):
+            (x[index, rows] if dense else x[rows]).fill_(math.nan)
+    bias = inputs.keywords.get("bias")
+    if bias is None:
+        return
+    if case.layout == "thd":  # the bias is indexed by in-sequence positions, per sequence
+        rows_q = [slice(n, None) for n in case.lengths_q]
+        rows_k = [slice(n, None) for n in case.lengths_k]
+    if bias.shape[0] == 1:  # broadcast over the batch: only what every sequence leaves unread
+        rows_q = [max(rows_q, key=lambda r: r.start)]
+        rows_k = [max(rows_k, key=lambda r: r.start)]
+    for index, (rq, rk) in enumerate(zip(rows_q, rows_k)):
+        bias[index, :, rq].fill_(math.nan)
+        bias[index, :, :, rk].fill_(math.nan)
+
+
+def backward_feed(inputs: Inputs, o64: torch.Tensor, lse64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle's (o, lse) as a backward takes them (o in the io dtype, lse in float32);
+    for poisoned inputs, the padded query rows hold NaN too (packed tails are NaN already)."""
+    o, lse = o64.to(inputs.q.dtype), lse64.float()
+    seqlens_q = inputs.keywords.get("seqlens_q")
+    if inputs.poisoned and seqlens_q is not None:
+        padded = torch.arange(o.shape[1], device=o.device).view(1, -1) >= seqlens_q.view(-1, 1)  # [B, Sq]
+        o = o.masked_fill(padded[:, :, None, None], math.nan)
+        lse = lse.masked_fill(padded[:, None, :], math.nan)
+    return o, lse
 
 
 def _poisoned(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -269,7 +328,7 @@ def check(case: Case, *, engine: str | None = None, directions=("forward", "back
             _record(result, direction, verdicts, failures, engine)
         if "backward" in directions:
             direction = "backward"
-            o_ref, lse_ref = o64.to(case.dtype), lse64.float()
+            o_ref, lse_ref = backward_feed(inputs, o64, lse64)
             grads, result.decisions[direction] = run_backward(
                 inputs, o_ref, lse_ref, engine=engine, deterministic=case.deterministic
             )

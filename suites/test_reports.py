@@ -1,13 +1,15 @@
 """The records, the report tables, error statistics, drift, the HTML page, the pytest plugin under xdist and the CLI."""
 from __future__ import annotations
 
+import json
+import shlex
 import shutil
 import subprocess
 
 import pandas as pd
 import pytest
 
-from reports import cli, fuzzlog, html, publish, records, stats, tables
+from reports import cli, fuzzlog, html, publish, records, stats, tables, verdict
 
 
 def _row(test_id, engine, passed, *, direction="forward", mode="routed", native=True, group="dense",
@@ -60,7 +62,7 @@ def test_summary_and_markdown():
 @pytest.mark.L0
 def test_write_reports(tmp_path):
     paths = tables.write_reports(tables.frame(ROWS), tmp_path, "unit")
-    assert [p.name for p in paths] == ["cases.csv", "routing.md", "pass_rate.md"]
+    assert [p.name for p in paths] == ["cases.csv.gz", "routing.md", "pass_rate.md"]
     assert len(pd.read_csv(paths[0])) == len(ROWS)
     routing = paths[1].read_text()
     assert "served by frost's own engines: 1 (33.3%)" in routing and "unsupported: attention sinks" in routing
@@ -73,7 +75,7 @@ def test_write_reports(tmp_path):
 @pytest.mark.L0
 def test_records_merge_worker_files(tmp_path):
     records.append_jsonl(tmp_path / "records-gw0.jsonl", ROWS[:2])
-    records.append_jsonl(tmp_path / "records-gw1.jsonl", ROWS[2:])
+    records.append_jsonl(tmp_path / "records-gw1.jsonl.gz", ROWS[2:])
     (tmp_path / "other.jsonl").write_text('{"ignored": true}\n')
     assert records.read_folder(tmp_path) == ROWS
 
@@ -91,8 +93,8 @@ def test_frost_report_under_xdist(tmp_path, capfd):
     status = cli.main(["--level", "L0", "--out", str(tmp_path), "-n", "2", "--", *selection])
     printed = capfd.readouterr().out
     assert status == 0, printed
-    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == ["records-gw0.jsonl", "records-gw1.jsonl"]
-    df = pd.read_csv(tmp_path / "cases.csv")
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == ["records-gw0.jsonl.gz", "records-gw1.jsonl.gz"]
+    df = pd.read_csv(tmp_path / "cases.csv.gz")
     assert df["test_id"].nunique() == 6 and df["passed"].all()
     assert set(df["worker"]) == {"gw0", "gw1"}
     assert set(df["engine"]) == {"torch-sdpa", "unfused"}
@@ -154,7 +156,7 @@ def _run_folder(parent, name, rows, started):
 @pytest.mark.L0
 def test_run_folder_report_with_drift(tmp_path):
     first, paths = _run_folder(tmp_path, "first", FUZZ_ROWS[:2], "2026-01-01T00:00:00")
-    assert [p.name for p in paths] == ["cases.csv", "routing.md", "pass_rate.md", "stats.csv", "run.json",
+    assert [p.name for p in paths] == ["cases.csv.gz", "routing.md", "pass_rate.md", "stats.csv", "run.json",
                                        "report.html"]  # fmt: skip
     (tmp_path / "second" / "records").mkdir(parents=True)
     records.append_jsonl(tmp_path / "second" / "records" / "fuzz-gw0.jsonl", [
@@ -207,3 +209,93 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
                    capture_output=True, timeout=120, check=True)  # fmt: skip
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+# the verdict: pytest's account, not the records alone ---------------------------------
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1"
+ skipped="1" tests="4"><testcase classname="suites.test_x" name="test_ok" time="0.1"/>
+<testcase classname="suites.test_x" name="test_bad[a-1]" time="0.1"><failure message="assert 1 == 2&#10;more">
+trace</failure></testcase><testcase classname="" name="suites/test_broken.py" time="0"><error
+ message="collection failure">ImportError</error></testcase><testcase classname="suites.test_x" name="test_skip"
+ time="0"><skipped message="no"/></testcase></testsuite></testsuites>"""
+
+
+@pytest.mark.L0
+def test_junit_is_read_test_by_test(tmp_path):
+    (tmp_path / "junit.xml").write_text(JUNIT)
+    junit = verdict.read_junit(tmp_path / "junit.xml")
+    assert (junit.total, junit.skipped) == (4, 1)
+    assert junit.failed == [("suites/test_x.py::test_bad[a-1]", "assert 1 == 2")]
+    assert junit.errors == [("suites/test_broken.py", "collection failure")]
+    assert verdict.read_junit(tmp_path / "missing.xml") is None
+
+
+@pytest.mark.L0
+def test_verdict_is_red_whenever_pytest_is():
+    green_junit = verdict.JunitTests(total=3)
+    assert verdict.judge(0, green_junit, [], []).passed
+    # every harness case passed, but pytest failed a test of its own: red, and the test named
+    failing = verdict.JunitTests(total=3, failed=[("suites/test_a.py::test_b", "assert False")])
+    judged = verdict.judge(1, failing, [], [])
+    assert not judged.passed and judged.headline.startswith("FAILED: pytest exit 1 (tests failed)")
+    assert judged.problems == ["FAILED suites/test_a.py::test_b: assert False"]
+    # pytest errored before running anything: "0 of 0" must not read green
+    assert not verdict.judge(5, verdict.JunitTests(), [], []).passed
+    assert "no tests were collected" in verdict.judge(5, verdict.JunitTests(), [], []).headline
+    assert not verdict.judge(0, None, [], []).passed, "a run without junit.xml is not green"
+    assert not verdict.judge(4, None, [], []).passed
+    # a failed case of a test junit already lists is not listed twice
+    cases = [("suites/test_a.py::test_b", "CASE suites/test_a.py::test_b [forward unfused] worst ratio 2")]
+    assert verdict.judge(1, failing, cases, []).problems == judged.problems
+    assert not verdict.judge(None, None, [], ["FUZZ t on gw0"]).passed  # a merged report: records judge
+
+
+@pytest.mark.L0
+def test_report_page_leads_with_the_verdict_and_engine_lines(tmp_path):
+    folder = tmp_path / "run"
+    (folder / "records").mkdir(parents=True)
+    passing = [_row("suites/t.py::t1", "unfused", True, ratio=0.95), _row("suites/t.py::t2", "unfused", True)]
+    records.append_jsonl(folder / "records" / "records-gw0.jsonl.gz", passing)
+    (folder / "junit.xml").write_text(JUNIT)
+    publish.write_run(folder, {"key": "L0", "title": "t", "started": "2026-01-01", "pytest_exit": 1}, plots=False)
+    page = (folder / "report.html").read_text()
+    head = page[: page.index("<table>")]
+    assert "<p class='fail'>FAILED: pytest exit 1" in head and "suites/test_x.py::test_bad[a-1]" in head
+    assert "suites/test_broken.py" in head
+    assert "unfused forward: 2 cases, 0 failed, worst ratio 0.95, 1 near misses (&gt;= 0.9 of the allowance)" in head
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["verdict"].startswith("FAILED") and len(meta["problems"]) == 2
+
+
+@pytest.mark.L0
+def test_long_tables_show_their_top_rows_and_count_the_rest():
+    text = html._table(pd.DataFrame({"a": range(html.TOP_ROWS + 7)}))
+    assert text.count("<tr>") == html.TOP_ROWS + 1 and "and 7 more rows" in text
+    assert "more rows" not in html._table(pd.DataFrame({"a": range(3)}))
+
+
+@pytest.mark.L0
+def test_a_shrinking_failure_is_kept_once_shrunk():
+    def row(case, passed, output="o"):
+        return {"property": "p", "case": case, "engine": "unfused", "direction": "forward", "output": output,
+                "passed": passed}  # fmt: skip
+
+    rows = [row("big", True), row("fail-1", False), row("fail-1", True, "lse"), row("ok", True),
+            row("fail-2", False), row("fail-3", False), row("fail-3", True, "lse")]  # fmt: skip
+    kept = records.last_failure_only(rows)
+    assert [r["case"] for r in kept] == ["big", "ok", "fail-3", "fail-3"]
+    assert records.last_failure_only(rows[:3]) == rows[:3]
+
+
+@pytest.mark.L0
+def test_frost_report_with_nothing_collected_is_red(tmp_path, capfd):
+    status = cli.main(["--level", "L0", "--out", str(tmp_path), "--", "suites/test_reports.py", "-k", "no_such_test",
+                       "-p", "no:cacheprovider"])  # fmt: skip
+    printed = capfd.readouterr().out
+    assert status == 5
+    assert (tmp_path / "junit.xml").exists()
+    assert "frost-report: FAILED: pytest exit 5 (no tests were collected)" in printed
+    echoed = next(line for line in printed.splitlines() if line.startswith("frost-report: /"))
+    # the echoed command pastes into a shell: the marker expression stays one word
+    assert shlex.split(echoed.removeprefix("frost-report: "))[3:6] == ["-m", "L0", "-q"]

@@ -122,6 +122,17 @@ FORWARD_CASES = {
     "out-device": (_dense(out=(torch.empty(2, 8, 4, 16, dtype=BF16, device="meta"), torch.empty(2, 4, 8))),
                    "out.o: on meta"),  # fmt: skip
     "out-not-pair": (_dense(out=torch.empty(2, 8, 4, 16, dtype=BF16)), "out: expected a \\(o, lse\\) pair"),
+    "scale-beyond-float32": (_dense(scale=1e39), "scale: 1e\\+39 is beyond float32's range"),
+    "scale-beyond-float32-negative": (_dense(scale=-4e38), "scale: -4e\\+38 is beyond float32's range"),
+    "kv-heads-zero": (_dense(k=_bf16(2, 12, 0, 16), v=_bf16(2, 12, 0, 16)), "k: head counts must be >= 1"),
+    "q-heads-zero": (_dense(q=_bf16(2, 8, 0, 16)), "q: head counts must be >= 1"),
+    "v-head-dim-zero": (_dense(v=_bf16(2, 12, 2, 0)), "v: head dims must be >= 1"),
+    "deterministic-forward": (_dense(deterministic=True), "deterministic: only the backward takes it"),
+    "deterministic-forward-type": (_dense(deterministic="yes"), "deterministic: expected a bool"),
+    "packed-meta": (_packed(**{name: x.to("meta") for name, x in _packed().items()}),
+                    "cu_seqlens_q: on the meta device"),  # fmt: skip
+    "padded-meta": (_dense(**{name: x.to("meta") for name, x in _dense(seqlens_k=_i32(3, 9)).items()}),
+                    "seqlens_k: on the meta device"),  # fmt: skip
 }
 
 
@@ -190,3 +201,68 @@ def test_attention_and_route_validate_like_sdpa_forward():
         frost.route(q, k, v, direction="sideways")
     with pytest.raises(ValueError, match="^deterministic:"):
         frost.route(q, k, v, deterministic=True)
+
+
+def _overlapping_outs(call):
+    """Bad ``out=`` of the backward of ``call``, by name: (out, the message's start)."""
+    q, k, v = call["q"], call["k"], call["v"]
+    shared, dq = torch.empty_like(k), torch.empty_like(q)
+    dkv = torch.empty(*k.shape[:-1], 2 * k.shape[-1], dtype=BF16)
+    return {
+        "dk-is-dv": ((dq, shared, shared, None, None), "out.dv: overlaps out.dk"),
+        "dk-inside-dq": ((dq, dq.view(-1)[: k.numel()].view(k.shape), torch.empty_like(v), None, None),
+                         "out.dk: overlaps out.dq"),  # fmt: skip
+        "dk-dv-half-overlap": ((dq, dkv[..., :16], dkv[..., 8:24], None, None), "out.dv: overlaps out.dk"),
+        "dq-self-overlap": ((torch.empty(1, *q.shape[1:], dtype=BF16).expand(q.shape), torch.empty_like(k),
+                             torch.empty_like(v), None, None), "out.dq: its elements overlap in memory"),  # fmt: skip
+        "dq-aliases-q": ((q, torch.empty_like(k), torch.empty_like(v), None, None), "out.dq: overlaps the input q"),
+        "dv-aliases-v": ((dq, torch.empty_like(k), v, None, None), "out.dv: overlaps the input v"),
+        "dk-inside-o": ((dq, call["o"].view(-1)[: k.numel()].view(k.shape), torch.empty_like(v), None, None),
+                        "out.dk: overlaps the input o"),  # fmt: skip
+    }
+
+
+OVERLAP_NAMES = ("dk-is-dv", "dk-inside-dq", "dk-dv-half-overlap", "dq-self-overlap", "dq-aliases-q",
+                 "dv-aliases-v", "dk-inside-o")  # fmt: skip
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("name", OVERLAP_NAMES)
+@pytest.mark.parametrize("cached", [False, True], ids=["first-call", "cached-plan"])
+def test_overlapping_out_raises_before_any_work(name, cached, monkeypatch):
+    from frost import dispatch, plans
+
+    call = _backward_call()
+    plans.cache.clear()
+    if cached:  # the same signature served once: the bad out= must be caught on the hit path too
+        _backward(call)
+    out, message = _overlapping_outs(call)[name]
+    before = {key: x.clone() for key, x in call.items() if isinstance(x, torch.Tensor)}
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("an engine was asked to work on a call with a bad out=")
+
+    monkeypatch.setattr(dispatch, "select", no_work)
+    monkeypatch.setattr(dispatch, "run", no_work)
+    with pytest.raises(ValueError, match="^" + message):
+        _backward({**call, "out": out})
+    for key, x in before.items():
+        assert torch.equal(call[key], x), f"{key} changed"
+
+
+@pytest.mark.L0
+def test_forward_out_overlap_and_interleaved_outputs():
+    call = _dense()
+    q = call["q"]
+    with pytest.raises(ValueError, match="^out.o: overlaps the input q"):
+        _forward({**call, "out": (q, torch.empty(2, 4, 8))})
+    o = torch.empty_like(q)
+    with pytest.raises(ValueError, match="^out.lse: overlaps out.o"):
+        _forward({**call, "out": (o, o.view(-1)[:128].view(torch.float32).view(2, 4, 8))})
+    # Interleaved but disjoint: dk and dv as the halves of one [.., 2 * D] buffer are legal.
+    back = _backward_call()
+    tensors = [back[name] for name in ("do", "q", "k", "v", "o", "lse")]
+    dkv = torch.full((2, 12, 2, 32), float("nan"), dtype=BF16)
+    grads = frost.sdpa_backward(*tensors, out=(torch.empty_like(back["q"]), dkv[..., :16], dkv[..., 16:], None, None))
+    reference = frost.sdpa_backward(*tensors)
+    assert torch.equal(grads.dk, reference.dk) and torch.equal(grads.dv, reference.dv)

@@ -63,8 +63,18 @@ UNFUSED_CAPABILITIES = Capabilities(
 _CUDA_BIAS_ALIGN = 8
 
 
+# The largest float32; a scale whose products exceed it overflows torch's fp32 logits.
+_F32_MAX = torch.finfo(torch.float32).max
+_LOG2_E = 1.4426950408889634
+
+
 def _torch_sdpa_decline(problem: Problem) -> str | None:
     """What torch's kernels cannot do faithfully beyond the Capabilities row."""
+    # torch's kernels compute fp32 logits with no overflow guard: once a logit is +inf the
+    # softmax forms inf - inf = NaN. Unit-magnitude q and k give logits up to head_dim, and
+    # fused kernels fold log2(e) into the scale, so that product must stay finite.
+    if abs(problem.scale) * problem.head_dim_qk * _LOG2_E > _F32_MAX:
+        return f"scale={problem.scale:g} overflows float32 logits (scale * head_dim * log2(e) > {_F32_MAX:.3g})"
     if problem.seqlen_q == 0 or problem.seqlen_k == 0:
         return "empty sequences (Sq or Sk is 0)"
     if problem.causal_align == "bottom_right" and problem.seqlen_q > problem.seqlen_k:
@@ -129,9 +139,13 @@ class UnfusedBackward(Engine):
 def _additive_mask(problem: Problem, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """Bias plus any causal mask that ``is_causal`` (top-left only, no mask) cannot carry.
 
-    Shape ``[B|1, Hq|1, Sq, Sk]``; None when neither is needed.
+    Shape ``[B|1, Hq|1, Sq, Sk]``; None when neither is needed. A scale <= 0 always takes
+    the mask: torch's ``is_causal`` path fills masked logits with -inf before it scales
+    them, so a negative scale turns them into +inf and a zero one into NaN (o mostly NaN,
+    lse +inf on CPU); an additive mask joins after the scale.
     """
-    causal_mask = problem.causal and (problem.causal_align == "bottom_right" or bias is not None)
+    needs_mask = problem.causal_align == "bottom_right" or bias is not None or problem.scale <= 0
+    causal_mask = problem.causal and needs_mask
     if bias is None and not causal_mask:
         return None
     mask = None if bias is None else bias.to(dtype)

@@ -59,6 +59,7 @@ class BlockGrads(NamedTuple):
 
 def forward(problem: Problem, block: Block) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o [B, Sq, Hq, Dv] io dtype, lse [B, Hq, Sq] fp32)`` of one block."""
+    block = _without_garbage(block)
     q, k = _rotated(block)
     p, lse = _softmax(problem, block, _scores(problem, block, q, k))
     batch, seqlen_q, heads_q, _ = q.shape
@@ -68,25 +69,39 @@ def forward(problem: Problem, block: Block) -> tuple[torch.Tensor, torch.Tensor]
 
 def backward(problem: Problem, block: Block, lse: torch.Tensor, do: torch.Tensor) -> BlockGrads:
     """Gradients of one block from its lse ``[B, Hq, Sq]`` and do ``[B, Sq, Hq, Dv]``."""
+    block = _without_garbage(block)
+    do = _zero_padded_rows(do, block.lens_q)
     q, k = _rotated(block)
     io = block.q.dtype
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k = k.shape[1]
     group = problem.group_size
     s = _scores(problem, block, q, k)
+    wide = s.dtype == torch.float64
+    if wide:
+        # Logits beyond float32's reach (``_wide_logits``): the given fp32 lse is off by far
+        # more than one logit's worth at that magnitude (exp(s - lse) overflows), so P comes
+        # from the float64 logits themselves.
+        p, lse = _softmax(problem, block, s)
     lse = lse.unsqueeze(-1)
-    p = torch.where(torch.isfinite(lse) & (s > _NEG_INF), torch.exp(s - lse), 0.0)
+    if not wide:
+        p = torch.where(torch.isfinite(lse) & (s > _NEG_INF), torch.exp(s - lse), 0.0)
     do_kv = _by_kv_head(_heads_first(do), group)  # [B, Hkv, G*Sq, Dv]
     dp = (do_kv.float() @ _heads_first(block.v).float().transpose(-1, -2)).view(batch, heads_q, seqlen_q, seqlen_k)
     delta = (p * dp).sum(dim=-1, keepdim=True)  # D: [B, Hq, Sq, 1]
     ds = p * (dp - delta)
-    ds_kv = _by_kv_head((ds * problem.scale).to(io), group)  # [B, Hkv, G*Sq, Sk]
-    dq = (ds_kv @ _heads_first(k.to(io))).view(batch, heads_q, seqlen_q, k.shape[-1]).transpose(1, 2)
-    dk = (ds_kv.transpose(-1, -2) @ _by_kv_head(_heads_first(q.to(io)), group)).transpose(1, 2)
+    # A wide scale multiplies after the products (and RoPE's rotation back): scaled first,
+    # dS would overflow the io dtype and its infinities meet as inf - inf = NaN.
+    ds_kv = _by_kv_head((ds if wide else ds * problem.scale).to(io), group)  # [B, Hkv, G*Sq, Sk]
+    out = torch.float32 if wide else io
+    dq = (ds_kv @ _heads_first(k.to(io))).to(out).view(batch, heads_q, seqlen_q, k.shape[-1]).transpose(1, 2)
+    dk = (ds_kv.transpose(-1, -2) @ _by_kv_head(_heads_first(q.to(io)), group)).to(out).transpose(1, 2)
     dv = (_by_kv_head(p.to(io), group).transpose(-1, -2) @ do_kv).transpose(1, 2)
     if block.rope_cos is not None:
-        dq = _rotate(dq, block.rope_cos, -block.rope_sin).to(io)
-        dk = _rotate(dk, block.rope_cos, -block.rope_sin).to(io)
+        dq = _rotate(dq, block.rope_cos, -block.rope_sin).to(out)
+        dk = _rotate(dk, block.rope_cos, -block.rope_sin).to(out)
+    if wide:
+        dq, dk = (dq * problem.scale).to(io), (dk * problem.scale).to(io)
     dbias = None if block.bias is None else _sum_to(ds, block.bias.shape)
     dsinks = None
     if block.sinks is not None:
@@ -94,6 +109,30 @@ def backward(problem: Problem, block: Block, lse: torch.Tensor, do: torch.Tensor
         weight = torch.where(torch.isfinite(lse), torch.exp(sink - lse), 0.0)
         dsinks = -(weight * delta).sum(dim=(0, 2, 3))
     return BlockGrads(dq, dk, dv, dbias, dsinks)
+
+
+def _without_garbage(block: Block) -> Block:
+    """The block with its padded rows of q, k and v zeroed (copies; the caller's stay as given).
+
+    SEMANTICS.md lets padded rows hold any bits, NaN included. Masking the logits is not
+    enough: the products P.V, dS.K, dS^T.Q and P^T.dO multiply those rows by exact zeros,
+    and 0 * NaN is NaN, which the sums then carry into every valid row.
+    """
+    if block.lens_q is None:
+        return block
+    return block._replace(
+        q=_zero_padded_rows(block.q, block.lens_q),
+        k=_zero_padded_rows(block.k, block.lens_k),
+        v=_zero_padded_rows(block.v, block.lens_k),
+    )
+
+
+def _zero_padded_rows(x: torch.Tensor, lens: torch.Tensor | None) -> torch.Tensor:
+    """x ``[B, S, H, D]`` with rows ``>= lens[b]`` zeroed by selection (never by multiplication)."""
+    if lens is None:
+        return x
+    rows = torch.arange(x.shape[1], device=x.device).view(1, -1, 1, 1) < lens.view(-1, 1, 1, 1)
+    return torch.where(rows, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def _rotated(block: Block) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,14 +185,39 @@ def _visible(problem: Problem, block: Block, seqlen_q: int, seqlen_k: int) -> to
 
 
 def _scores(problem: Problem, block: Block, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Masked logits ``s = scale * q k^T + bias`` from fp32 q, k: fp32 ``[B, Hq, Sq, Sk]``, -inf where invisible."""
+    """Masked logits ``s = scale * q k^T + bias`` from fp32 q, k: ``[B, Hq, Sq, Sk]``, -inf where invisible.
+
+    fp32, or float64 where fp32 logits could overflow (see ``_wide_logits``).
+    """
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k = k.shape[1]
     qk = _by_kv_head(_heads_first(q), problem.group_size) @ _heads_first(k).transpose(-1, -2)
+    bias = None if block.bias is None else block.bias.float()
+    if _wide_logits(qk, problem.scale, bias):
+        q, k, bias = q.double(), k.double(), None if bias is None else bias.double()
+        qk = _by_kv_head(_heads_first(q), problem.group_size) @ _heads_first(k).transpose(-1, -2)
     s = qk.view(batch, heads_q, seqlen_q, seqlen_k) * problem.scale
-    if block.bias is not None:
-        s = s + block.bias.float()
+    if bias is not None:
+        s = s + bias
     return s.masked_fill(~_visible(problem, block, seqlen_q, seqlen_k), _NEG_INF)
+
+
+def _wide_logits(qk: torch.Tensor, scale: float, bias: torch.Tensor | None) -> bool:
+    """Whether the logits need float64: some scaled fp32 logit (plus bias) could overflow.
+
+    SEMANTICS.md allows any scale representable in float32, and a logit of +inf makes the
+    softmax form inf - inf = NaN. float64 holds every such logit; the lse that exceeds
+    float32 then rounds to +inf where it is stored, and o stays exact. A NaN in a visible
+    input takes this path too (and propagates, as the contract says). Costs one reduction
+    and, on CUDA, one host sync, only in this fallback engine.
+    """
+    if qk.numel() == 0:
+        return False
+    bound = float(qk.abs().amax()) * abs(scale)
+    if bias is not None and bias.numel():
+        bound += float(bias.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).amax())  # -inf holes are masks
+    # a quarter of the range: the softmax's sums and D's products need headroom too
+    return not bound <= torch.finfo(torch.float32).max / 4
 
 
 def _softmax(problem: Problem, block: Block, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -70,7 +70,7 @@ def test_two_workers_each_use_their_own_device(tmp_path):
     tests = set(chunks["test_id"].str.rsplit("::", n=1).str[1])
     assert tests == {"test_forward_matches_oracle", "test_routing_is_stable"}
     assert (chunks["examples"] > 0).all() and chunks["seed"].nunique() == len(chunks)
-    cases = pd.read_csv(run / "cases.csv", dtype={"gpu": str})
+    cases = pd.read_csv(run / "cases.csv.gz", dtype={"gpu": str})
     assert set(zip(cases["worker"], cases["gpu"])) == {("gw0", "7"), ("gw1", "3")}
     assert set(cases["property"]) == {"forward_matches_oracle"}
     meta = json.loads((run / "run.json").read_text())
@@ -79,4 +79,19 @@ def test_two_workers_each_use_their_own_device(tmp_path):
 
     merged = tmp_path / "merged"
     assert nightly.main(["--merge", str(run), str(run), "--out", str(merged)]) == 0
-    assert len(pd.read_csv(merged / "cases.csv")) == 2 * len(cases)
+    assert len(pd.read_csv(merged / "cases.csv.gz")) == 2 * len(cases)
+
+
+def test_status_line_sums_the_workers_progress(tmp_path):
+    """The runner's live line reads what each worker's budget writes (at most once a second)."""
+    from fuzz import budget
+
+    for worker, examples, failures in (("gw0", 3, 0), ("gw1", 5, 1)):
+        active = budget.Budget(until=time.time() + 60, seed=1, worker=worker, progress=tmp_path / f"progress-{worker}.json")
+        active.examples_total, active.chunks_failed = examples, failures
+        active.write_progress()
+        active.examples_total += 100
+        active.write_progress()  # within the second: not written
+    assert nightly.status_line(tmp_path, 125.4) == "frost-fuzz: 8 examples, 1 failures, 2:05 left"
+    (tmp_path / "progress-gw2.json").write_text("{half a fi")  # being replaced: skipped, not fatal
+    assert nightly.status_line(tmp_path, -3) == "frost-fuzz: 8 examples, 1 failures, 0:00 left"

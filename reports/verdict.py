@@ -1,0 +1,105 @@
+"""The verdict of a run: green only when pytest says every test passed and the records agree.
+
+The harness records count only the cases that reach the oracle; a test that fails an
+assertion of its own, errors in a fixture, or never gets collected leaves no record,
+so a report that read the records alone would call such a run green. The verdict reads
+pytest's own account as well:
+
+- the exit status ``frost-report`` / ``frost-fuzz`` got from pytest (``run.json``'s
+  ``pytest_exit``; 0 is the only green one, 5 means nothing was collected);
+- ``junit.xml`` (pytest's ``--junitxml``, written into every run folder): every test
+  that failed or errored, collection errors included, by name;
+- the records: a case that failed the acceptance rule, or a failing fuzz chunk.
+
+``judge`` returns a ``Verdict``: ``passed``, a headline and the tests to look at.
+"""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass, field
+from pathlib import Path
+
+JUNIT_FILE = "junit.xml"
+
+# pytest's exit codes (pytest.ExitCode), for the headline
+_EXIT_MEANING = {1: "tests failed", 2: "interrupted", 3: "internal error", 4: "usage error",
+                 5: "no tests were collected"}  # fmt: skip
+
+
+@dataclass
+class JunitTests:
+    """pytest's account of a run, from junit.xml."""
+
+    total: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (test id, first line of the message)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # errors, collection errors included
+    skipped: int = 0
+
+
+def read_junit(path: Path) -> JunitTests | None:
+    """The tests of a junit.xml; None when the file is missing or unreadable (a crashed run)."""
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError):
+        return None
+    tests = JunitTests()
+    for case in root.iter("testcase"):
+        tests.total += 1
+        name = _test_id(case)
+        for kind, bucket in (("failure", tests.failed), ("error", tests.errors)):
+            found = case.find(kind)
+            if found is not None:
+                message = (found.get("message") or kind).strip() or kind
+                bucket.append((name, message.splitlines()[0][:300]))
+        if case.find("skipped") is not None:
+            tests.skipped += 1
+    return tests
+
+
+def _test_id(case) -> str:
+    """``path/to/test_x.py::test_name[param]`` from junit's dotted classname and name."""
+    classname, name = case.get("classname", ""), case.get("name", "")
+    if not classname:  # a collection error: the name is the module's path
+        return name
+    parts = classname.split(".")
+    module = next((i for i in range(len(parts), 0, -1) if parts[i - 1].startswith("test_")), len(parts))
+    path = "/".join(parts[:module]) + ".py"
+    return "::".join([path, *parts[module:], name])
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    headline: str
+    problems: list[str]  # one line per test or chunk to look at
+
+
+def judge(exit_status: int | None, junit: JunitTests | None, failed_cases: list[tuple[str, str]],
+          failed_chunks: list[str]) -> Verdict:  # fmt: skip
+    """Green only if pytest exited 0, junit.xml lists tests and none failed or errored, and no
+    recorded case or fuzz chunk failed. ``exit_status`` None: a merged report (no pytest).
+    ``failed_cases``: (test id, line) per failed harness case."""
+    problems = []
+    reasons = []
+    if exit_status not in (None, 0):
+        reasons.append(f"pytest exit {exit_status} ({_EXIT_MEANING.get(exit_status, 'failed')})")
+    if junit is None and exit_status is not None:
+        reasons.append("no junit.xml: pytest's own account of the tests is missing")
+    if junit is not None:
+        if junit.total == 0:
+            reasons.append("junit.xml lists no tests")
+        if junit.failed or junit.errors:
+            reasons.append(f"{len(junit.failed)} tests failed, {len(junit.errors)} errored")
+        problems += [f"FAILED {name}: {message}" for name, message in junit.failed]
+        problems += [f"ERROR {name}: {message}" for name, message in junit.errors]
+    if failed_cases:
+        reasons.append(f"{len(failed_cases)} harness cases failed")
+        listed = {name for name, _ in junit.failed + junit.errors} if junit else set()
+        problems += [line for test_id, line in failed_cases if test_id not in listed]
+    if failed_chunks:
+        reasons.append(f"{len(failed_chunks)} fuzz chunks failed")
+        problems += failed_chunks
+    if reasons:
+        return Verdict(False, "FAILED: " + "; ".join(reasons), problems)
+    counted = f"{junit.total} tests passed or skipped ({junit.skipped} skipped)" if junit else "merged runs"
+    return Verdict(True, f"PASSED: {counted}", problems)
