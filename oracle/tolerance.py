@@ -148,8 +148,14 @@ def _check_one(name: str, x: Tensor, x64: Tensor, x_lp: Tensor, io_dtype, exclud
                   + L2_FLOOR_FRACTION * float(torch.linalg.vector_norm(floor)))
     ratio_l2 = err_l2 / allowed_l2 if err.numel() else 0.0
     count = int(compared.sum())
-    l2_applied = count >= l2_min_elements
-    note = "" if l2_applied else f"L2 rule not applied: {count} < {l2_min_elements} elements"
+    # Rule 2's size threshold counts the positions that carry a rounding error to measure. Where
+    # the oracle and the same-precision baseline are both exactly 0 (padded rows, rows that see
+    # no key: values the contract fixes, held to ~0 by rule 1) the norms gain nothing, so five
+    # computed values among sixty such zeros are still the few-element case SEMANTICS.md exempts
+    # (measured: an honest bf16 engine at L2 ratio 1.12 on 5 values of a 65-element o).
+    informative = int((compared & ~((x64 == 0) & (x_lp == 0))).sum())
+    l2_applied = informative >= l2_min_elements
+    note = "" if l2_applied else f"L2 rule not applied: {informative} < {l2_min_elements} informative elements"
     passed = nonfinite == 0 and inf_mismatch == 0 and ratio_max <= 1.0 and (ratio_l2 <= 1.0 or not l2_applied)
     return Verdict(name, passed, err_max, allowed_max, ratio_max, err_l2, allowed_l2, ratio_l2,
                    nonfinite, inf_mismatch, count, worst_index, note, l2_applied)

@@ -230,3 +230,23 @@ def test_l2_min_elements_judges_small_outputs_by_the_worst_element_alone():
     wrong = spread.clone()
     wrong[2] = 1.6
     assert not tolerance.check({"o": wrong}, ref, base, io_dtype=torch.float16, l2_min_elements=5)["o"].passed
+
+
+@pytest.mark.L0
+def test_l2_threshold_counts_only_positions_that_are_not_fixed_zeros():
+    """Exact zeros in both the oracle and the baseline (padded rows) do not lift a few computed
+    values over ``l2_min_elements``; a nonzero engine value at such a position still fails rule 1."""
+    ref = torch.zeros(65, dtype=torch.float64)
+    ref[:5] = torch.tensor([0.5, -0.25, 0.75, 0.125, -0.5], dtype=torch.float64)
+    base = ref.clone()
+    base[0] += 1e-3  # the baseline errs in one place: rule 1 allows 2e-3 everywhere, rule 2 far less
+    spread = ref.clone()
+    spread[:5] += torch.tensor([2e-3, -2e-3, 2e-3, -2e-3, 2e-3], dtype=torch.float64)  # rule 2 ratio > 1
+    strict = tolerance.check({"o": spread}, {"o": ref}, {"o": base}, io_dtype=torch.float16)["o"]
+    assert not strict.passed and strict.ratio_max <= 1.0
+    judged = tolerance.check({"o": spread}, {"o": ref}, {"o": base}, io_dtype=torch.float16, l2_min_elements=64)
+    assert judged["o"].passed and not judged["o"].l2_applied and "5 < 64 informative" in judged["o"].note
+    garbage = spread.clone()
+    garbage[40] = 1e-2  # a padded row that is not zero
+    assert not tolerance.check({"o": garbage}, {"o": ref}, {"o": base}, io_dtype=torch.float16,
+                               l2_min_elements=64)["o"].passed
