@@ -70,10 +70,32 @@ REGIMES = {
 }
 
 
+# -1 / 0 / +1 modulo every tile the SM80 dispatch chooses (64 and 128 rows): sequence ends,
+# bottom-right offsets (Sk - Sq) and window sides drawn here land on a tile's first or last row
+# or key, where block-range decisions flip (a planted off-by-one there survived the L0 grid).
+TILE_EDGES = (63, 64, 65, 127, 128, 129)
+
+
+def _tile_edges(regime: Regime, limit: int | None = None) -> list[int]:
+    return [e for e in TILE_EDGES if e <= (regime.max_seqlen if limit is None else limit)]
+
+
 def _extent(draw, regime: Regime) -> int:
     """A sequence extent (0 is legal): often tiny or a tile edge, otherwise anything in range."""
-    edges = [e for e in (0, 1, 2, 63, 64, 65, 127, 128, 129) if e <= regime.max_seqlen]
+    edges = [0, 1, 2, *_tile_edges(regime)]
     return draw(st.one_of(st.sampled_from(edges), st.integers(0, regime.max_seqlen)))
+
+
+def _key_extent(draw, regime: Regime, seqlen_q: int) -> int:
+    """Sk: the queries' own extent, any extent, or one whose bottom-right offset Sk - Sq is a
+    tile edge (either sign)."""
+    choice = draw(st.integers(0, 3))
+    if choice == 0:
+        return seqlen_q
+    offsets = [o for e in _tile_edges(regime) for o in (e, -e) if 0 <= seqlen_q + o <= regime.max_seqlen]
+    if choice == 1 and offsets:
+        return seqlen_q + draw(st.sampled_from(offsets))
+    return _extent(draw, regime)
 
 
 def _heads(draw, regime: Regime, grouped: bool) -> tuple[int, int]:
@@ -126,7 +148,7 @@ def _layout(draw, regime: Regime, kind: str | None, min_batch: int) -> dict:
                 "tail_q": draw(tails), "tail_k": draw(tails)}  # fmt: skip
     batch = draw(st.integers(min_batch, max(min_batch, regime.max_batch)))
     seqlen_q = _extent(draw, regime)
-    seqlen_k = seqlen_q if draw(st.integers(0, 3)) == 0 else _extent(draw, regime)
+    seqlen_k = _key_extent(draw, regime, seqlen_q)
     fields = {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
     if kind == "padded":
         fields.update(lengths_q=_valid_lengths(draw, batch, seqlen_q), lengths_k=_valid_lengths(draw, batch, seqlen_k))
@@ -140,11 +162,12 @@ def _mask(draw, regime: Regime, right_bounded: bool) -> dict:
         return {}
     align = draw(st.sampled_from(("top_left", "bottom_right")))
     wide = regime.long_seqlen + 1
-    side = st.one_of(st.sampled_from((-1, 0)), st.integers(1, 8), st.integers(wide, 2 * wide))
+    near = [st.integers(1, 8)] + ([st.sampled_from(_tile_edges(regime))] if _tile_edges(regime) else [])
+    side = st.one_of(st.sampled_from((-1, 0)), *near, st.integers(wide, 2 * wide))
     left = draw(side)
     if kind == "causal":
         return {"causal": True, "causal_align": align, "window": (left, draw(st.sampled_from((-1, 0))))}
-    right = draw(st.one_of(st.just(0), st.integers(1, 8)) if right_bounded else side)
+    right = draw(st.one_of(st.just(0), *near) if right_bounded else side)
     return {"causal_align": align, "window": (left, right)}
 
 

@@ -249,3 +249,29 @@ def test_profile_selection(monkeypatch):
         profiles.load("ci")
     with pytest.raises(ValueError, match="unknown fuzz profile"):
         profiles.load("weekly")
+
+
+@pytest.mark.L0
+def test_gpu_regime_draws_band_edges_on_tile_boundaries():
+    """Sequence ends, bottom-right offsets and window sides at -1/0/+1 modulo 64 and 128 come
+    by design, not by luck: a third or more of the dense GPU-regime draws hold one."""
+    from hypothesis import HealthCheck, given, settings
+
+    from fuzz import strategies
+
+    drawn = {"all": 0, "edge": 0, "window": 0}
+
+    @settings(max_examples=300, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=strategies.cases("gpu"))
+    def draw(case):
+        if case.layout == "thd":
+            return
+        drawn["all"] += 1
+        values = (case.seqlen_q, case.seqlen_k, abs(case.seqlen_k - case.seqlen_q))
+        windows = [w for w in case.window if w >= 0]
+        drawn["edge"] += any(v in strategies.TILE_EDGES for v in (*values, *windows))
+        drawn["window"] += any(w in strategies.TILE_EDGES for w in windows)
+
+    draw()
+    assert drawn["edge"] >= drawn["all"] / 3, drawn
+    assert drawn["window"] > 0, drawn
