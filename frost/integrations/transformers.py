@@ -39,8 +39,9 @@ would copy q, k, v and the output in every layer (in generation, the whole cache
 step), which costs more than sdpa's masked kernel saves. A float (additive) mask is read
 as boolean when its entries are only 0 and -inf / the dtype's minimum and no query row is
 fully masked (sdpa turns such a row into a uniform average, frost into zeros). Also
-falling back: dropout > 0, ``output_attentions``, ``softcap``, ``position_bias``, masks
-that differ per head, and dtypes other than float16 / bfloat16 (frost's io dtypes).
+falling back: dropout > 0, ``output_attentions``, ``head_mask``, ``softcap``, ``position_bias``, masks
+that differ per head, and dtypes other than float16 / bfloat16 (frost's io dtypes) outside
+autocast (under autocast q, k, v take autocast's dtype first, as sdpa's do).
 Sinks (gpt-oss's ``s_aux``) -> ``sinks`` (float32, differentiable).
 
 The analysis reads mask values, so under ``torch.compile`` a masked call breaks the
@@ -141,14 +142,31 @@ def _eager_with_sinks(module, query, key, value, attention_mask, dropout, scalin
     return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
+def _autocast(query, key, value):
+    """q, k, v in autocast's dtype where autocast is on, as sdpa (on autocast's list of
+    ops that run in the low dtype) gets them: under autocast the projections are bf16 but
+    RoPE multiplies them by float32 tables, so q and k arrive in float32."""
+    device = query.device.type
+    if query.dtype in _IO_DTYPES and key.dtype == query.dtype and value.dtype == query.dtype:
+        return query, key, value
+    if not torch.is_autocast_enabled(device) or torch.get_autocast_dtype(device) not in _IO_DTYPES:
+        return query, key, value
+    dtype = torch.get_autocast_dtype(device)
+    return query.to(dtype), key.to(dtype), value.to(dtype)
+
+
 def _unsupported(query, dropout, kwargs) -> str | None:
     """Why frost cannot serve this call whatever its mask, or None."""
-    if query.dtype not in _IO_DTYPES:
+    if query.dtype not in _IO_DTYPES and not (
+        torch.is_autocast_enabled(query.device.type) and torch.get_autocast_dtype(query.device.type) in _IO_DTYPES
+    ):
         return f"dtype {query.dtype} (frost computes in float16 / bfloat16)"
     if dropout and dropout > 0:
         return "attention dropout > 0"
     if kwargs.get("output_attentions"):
         return "output_attentions=True (frost does not materialize attention weights)"
+    if kwargs.get("head_mask") is not None:  # transformers 4.x: a per-head factor on the weights
+        return "head_mask"
     if kwargs.get("softcap") is not None:
         return "logit softcap"
     if kwargs.get("position_bias") is not None:
@@ -185,6 +203,7 @@ def frost_attention_forward(
     sinks = kwargs.get("s_aux")
     if sinks is not None:
         sinks = sinks.float()
+    query, key, value = _autocast(query, key, value)
     # frost's dense layout is BSHD: transformers' [B, H, S, D] transposed is that, with
     # other strides (frost takes any strides whose last is 1)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)

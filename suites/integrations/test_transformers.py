@@ -205,6 +205,27 @@ def test_decoding_with_a_cache():
     assert not adapter.fallbacks()
 
 
+@pytest.mark.L0
+def test_float32_model_under_autocast():
+    ref, sdpa, frost_model = _models(_config())
+    sdpa.float(), frost_model.float()
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(14))
+    results = []
+    mark = ledger.mark()
+    for model in (sdpa, frost_model):
+        # RoPE's float32 tables make q and k float32 under autocast: the adapter casts them
+        # to autocast's dtype, as autocast does for sdpa
+        with torch.autocast("cpu", dtype=BF16):
+            results.append(_run(model, ids))
+    problems = _frost_forwards(mark)
+    assert len(problems) == 2 and all(p.dtype == BF16 for p in problems)
+    (expected, expected_grads), (got, got_grads) = results
+    reference, reference_grads = _run(ref, ids)
+    assert_like_sdpa(got, expected, reference, "logits")
+    assert_like_sdpa(got_grads, expected_grads, reference_grads, "gradients")
+    assert not adapter.fallbacks()
+
+
 def _assert_falls_back(caplog, reason_part, frost_model, sdpa, ids, calls=2, seed=None, **kwargs):
     """Every call of the frost model is sdpa's, bit for bit; the reason is logged once."""
     mark = ledger.mark()
