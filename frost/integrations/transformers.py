@@ -155,12 +155,14 @@ def _autocast(query, key, value):
     return query.to(dtype), key.to(dtype), value.to(dtype)
 
 
-def _unsupported(query, dropout, kwargs) -> str | None:
+def _unsupported(query, key, value, dropout, kwargs) -> str | None:
     """Why frost cannot serve this call whatever its mask, or None."""
-    if query.dtype not in _IO_DTYPES and not (
-        torch.is_autocast_enabled(query.device.type) and torch.get_autocast_dtype(query.device.type) in _IO_DTYPES
-    ):
-        return f"dtype {query.dtype} (frost computes in float16 / bfloat16)"
+    dtypes = {query.dtype, key.dtype, value.dtype}
+    device = query.device.type
+    autocast = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in _IO_DTYPES
+    if not autocast and (len(dtypes) > 1 or query.dtype not in _IO_DTYPES):
+        names = "/".join(sorted(str(d) for d in dtypes))
+        return f"dtype {names} outside autocast (frost computes in float16 / bfloat16, one dtype for q, k, v)"
     if dropout and dropout > 0:
         return "attention dropout > 0"
     if kwargs.get("output_attentions"):
@@ -191,7 +193,7 @@ def frost_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: q, k, v as [B, H, S, D], returns
     (attn_output [B, Sq, Hq, Dv] contiguous, None)."""
-    reason = _unsupported(query, dropout, kwargs)
+    reason = _unsupported(query, key, value, dropout, kwargs)
     plan = None
     if reason is None and attention_mask is not None:
         plan = _plan_for(attention_mask, module, kwargs)

@@ -280,6 +280,14 @@ def test_fallback_dropout_in_training(caplog):
     _assert_falls_back(caplog, "dropout", frost_model, sdpa, ids, seed=10)
 
 
+@pytest.mark.L0
+def test_fallback_float32_outside_autocast(caplog):
+    _, sdpa, frost_model = _models(_config())
+    sdpa.float(), frost_model.float()
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(15))
+    _assert_falls_back(caplog, "float32 outside autocast", frost_model, sdpa, ids, calls=1)
+
+
 # --- the mask reading, at the attention-function level --------------------------------------
 
 
