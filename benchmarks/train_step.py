@@ -7,8 +7,9 @@ Each config is a random-init ``LlamaForCausalLM`` (never downloaded) trained for
 implementation, from the same initial weights and on the same batches. Mixed precision
 as in practice: float32 master weights and optimizer state, the forward and backward
 under ``torch.autocast`` in bf16 (on CPU too: frost computes in fp16 / bf16 only).
-Printed per config: tokens/s of each implementation (steps after ``--warmup`` steps,
-which absorb compiling and plan building; CUDA synchronized at each step's end), the
+Printed per config: tokens/s of each implementation (tokens per step over the median
+step time, steps after ``--warmup`` steps, which absorb compiling and plan building;
+each step ends with ``loss.item()``, which synchronizes CUDA), the
 ratio frost/sdpa, the largest |loss_frost - loss_sdpa| over the steps, and the engines
 that served frost's attention calls (``frost.dispatch.ledger``) with the adapter's
 fallbacks, so a run that silently fell back to sdpa is visible. The Markdown table
@@ -20,6 +21,7 @@ Configs: GQA 8/2 and 32/8 query/kv heads, head dims 64 and 128, 4096 tokens per 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -84,10 +86,9 @@ def batches(config: Config, steps: int, device: str) -> list[torch.Tensor]:
 
 def train(model, data: list[torch.Tensor], warmup: int, device: str) -> Result:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=device == "cuda")
-    losses, timed, start = [], 0, None
+    losses, seconds = [], []
     for step, ids in enumerate(data):
-        if step == warmup:
-            start = time.perf_counter()
+        start = time.perf_counter()
         with torch.autocast(device, dtype=torch.bfloat16):
             loss = model(ids, labels=ids).loss
         loss.backward()
@@ -95,9 +96,9 @@ def train(model, data: list[torch.Tensor], warmup: int, device: str) -> Result:
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())  # .item() synchronizes: the step is finished when timed
         if step >= warmup:
-            timed += ids.numel()
-    elapsed = time.perf_counter() - start
-    return Result(timed / elapsed, losses)
+            seconds.append(time.perf_counter() - start)
+    # the median step: on a shared machine one step slowed by a neighbour moves it least
+    return Result(data[0].numel() / statistics.median(seconds), losses)
 
 
 def run_config(name: str, config: Config, steps: int, warmup: int, device: str) -> dict:
@@ -129,7 +130,7 @@ def run_config(name: str, config: Config, steps: int, warmup: int, device: str) 
 
 def table(rows: list[dict], device: str, steps: int, warmup: int) -> str:
     lines = [
-        f"train_step on {device}: {steps} steps ({warmup} warm-up, untimed), AdamW, bf16 autocast",
+        f"train_step on {device}: {steps} steps ({warmup} warm-up, untimed; tok/s from the median step), AdamW, bf16 autocast",
         "",
         "| config | tokens/step | sdpa tok/s | frost tok/s | frost/sdpa | max abs loss gap | frost served by |",
         "|---|---:|---:|---:|---:|---:|---|",
