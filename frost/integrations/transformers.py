@@ -1,0 +1,363 @@
+"""frost behind Hugging Face transformers: ``attn_implementation="frost"``.
+
+Importing this module calls ``register()``, which adds "frost" to transformers'
+``AttentionInterface`` (the attention function) and ``AttentionMaskInterface`` (the mask
+builder). Models then take ``attn_implementation="frost"`` (``from_pretrained``,
+``from_config``) or ``model.set_attn_implementation("frost")``.
+
+The rule: frost serves a call only when its keywords describe exactly the attention that
+transformers' own ``sdpa`` function computes from the same arguments; every other call
+goes to that sdpa function (or, with sinks, to the model's eager function, since sdpa
+ignores sinks), and the reason is logged once per reason on the logger
+``frost.integrations.transformers`` (``fallbacks()`` counts them, ``reset_fallbacks()``
+forgets them).
+
+The mask. "frost" registers transformers' sdpa mask builder as its mask function, so the
+attention function receives what sdpa receives: ``None`` (plain causal; full attention
+for a single query or ``is_causal=False``) or a 4-D boolean mask ``[B, 1, Sq, Sk]``.
+Without a registered mask function transformers would pass no mask at all (it treats
+unknown implementations like TGI/vLLM backends), and padding would be lost. A 4-D mask is
+read once per forward pass (cached per mask object, so the layers after the first reuse
+the result): a candidate set of frost keywords is derived from it, the mask those keywords
+imply is built, and only an element-for-element match is served:
+
+- dense: the keys any query sees must be a prefix of length ``L_b`` per sequence (right
+  padding) -> ``seqlens_k`` (dropped when every ``L_b == Sk``); visibility causal top-left
+  (training, prefill) or bottom-right (a cache: the queries are the last ``Sq`` of ``Sk``
+  positions), or full; a sliding window ``w`` (transformers keeps keys ``j > i - w``) ->
+  ``window=(w - 1, 0)``. Only ``seqlens_k`` and never ``seqlens_q``: transformers' padded
+  query rows still attend to the valid keys (their outputs are garbage that the loss
+  ignores), and ``seqlens_q`` would make frost write zeros there instead; with
+  ``seqlens_k`` alone every row, padded or not, matches sdpa.
+- packed: ``Sq == Sk`` and the mask is block-diagonal causal (several sequences in one
+  row, found from ``cu_seq_lens_q``, restarting ``position_ids``, or the mask's first
+  visible key per row) -> the batch flattened to THD ``[B*S, H, D]`` with ``cu_seqlens``
+  and ``max_seqlen``.
+
+Left padding fails the prefix test and falls back: rolling each sequence to right padding
+would copy q, k, v and the output in every layer (in generation, the whole cache at every
+step), which costs more than sdpa's masked kernel saves. A float (additive) mask is read
+as boolean when its entries are only 0 and -inf / the dtype's minimum and no query row is
+fully masked (sdpa turns such a row into a uniform average, frost into zeros). Also
+falling back: dropout > 0, ``output_attentions``, ``head_mask``, ``softcap``, ``position_bias``, masks
+that differ per head, and dtypes other than float16 / bfloat16 (frost's io dtypes) outside
+autocast (under autocast q, k, v take autocast's dtype first, as sdpa's do).
+Sinks (gpt-oss's ``s_aux``) -> ``sinks`` (float32, differentiable).
+
+The analysis reads mask values, so under ``torch.compile`` a masked call breaks the
+graph; an unmasked (plain causal) call traces through ``frost.attention``.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import weakref
+from collections import Counter
+from typing import NamedTuple
+
+import torch
+
+import frost
+
+logger = logging.getLogger(__name__)
+
+NAME = "frost"
+_IO_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class MaskPlan(NamedTuple):
+    """The frost keywords that reproduce one 4-D mask exactly."""
+
+    packed: bool
+    causal: bool
+    causal_align: str
+    window_left: int
+    seqlens_k: torch.Tensor | None  # int32 [B], dense only
+    cu_seqlens: torch.Tensor | None  # int32 [segments + 1], packed only (q and k share it)
+    max_seqlen: int | None
+
+
+# ---------------------------------------------------------------------------------------
+# registration and fallback bookkeeping
+
+
+def register(name: str = NAME) -> None:
+    """Register frost as ``attn_implementation=name`` (idempotent)."""
+    from transformers import AttentionInterface
+
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    except ImportError as error:  # before transformers 4.53 there is no mask interface
+        raise ImportError("frost's transformers adapter needs transformers >= 4.53 (masking_utils)") from error
+    AttentionInterface.register(name, frost_attention_forward)
+    # the sdpa mask builder, looked up rather than imported by name: its name moved between versions
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+_fallback_counts: Counter[str] = Counter()
+_fallback_lock = threading.Lock()
+
+
+def fallbacks() -> Counter[str]:
+    """How many calls fell back, per reason, since the process started (a copy)."""
+    with _fallback_lock:
+        return Counter(_fallback_counts)
+
+
+def reset_fallbacks() -> None:
+    """Forget the counts, so each reason is logged again on its next fallback."""
+    with _fallback_lock:
+        _fallback_counts.clear()
+
+
+def _note_fallback(reason: str) -> None:
+    with _fallback_lock:
+        first = reason not in _fallback_counts
+        _fallback_counts[reason] += 1
+    if first:  # once per reason: a training loop would log it in every layer of every step
+        logger.warning("frost attention falls back to transformers' implementation: %s", reason)
+
+
+def _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
+    _note_fallback(reason)
+    if kwargs.get("s_aux") is not None:
+        return _eager_with_sinks(module, query, key, value, attention_mask, dropout, scaling, kwargs)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS["sdpa"](
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+    )
+
+
+def _eager_with_sinks(module, query, key, value, attention_mask, dropout, scaling, kwargs):
+    """The model's own eager function: transformers' sdpa would silently drop the sinks."""
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if eager is None:
+        raise NotImplementedError(f"frost cannot serve this call and {type(module).__name__} has no eager function")
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        # the eager functions add the mask to the logits: they expect the additive form
+        additive = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+        attention_mask = additive.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
+    return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def _autocast(query, key, value):
+    """q, k, v in autocast's dtype where autocast is on, as sdpa (on autocast's list of
+    ops that run in the low dtype) gets them: under autocast the projections are bf16 but
+    RoPE multiplies them by float32 tables, so q and k arrive in float32."""
+    device = query.device.type
+    if query.dtype in _IO_DTYPES and key.dtype == query.dtype and value.dtype == query.dtype:
+        return query, key, value
+    if not torch.is_autocast_enabled(device) or torch.get_autocast_dtype(device) not in _IO_DTYPES:
+        return query, key, value
+    dtype = torch.get_autocast_dtype(device)
+    return query.to(dtype), key.to(dtype), value.to(dtype)
+
+
+def _unsupported(query, key, value, dropout, kwargs) -> str | None:
+    """Why frost cannot serve this call whatever its mask, or None."""
+    dtypes = {query.dtype, key.dtype, value.dtype}
+    device = query.device.type
+    autocast = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in _IO_DTYPES
+    if not autocast and (len(dtypes) > 1 or query.dtype not in _IO_DTYPES):
+        names = "/".join(sorted(str(d) for d in dtypes))
+        return f"dtype {names} outside autocast (frost computes in float16 / bfloat16, one dtype for q, k, v)"
+    if dropout and dropout > 0:
+        return "attention dropout > 0"
+    if kwargs.get("output_attentions"):
+        return "output_attentions=True (frost does not materialize attention weights)"
+    if kwargs.get("head_mask") is not None:  # transformers 4.x: a per-head factor on the weights
+        return "head_mask"
+    if kwargs.get("softcap") is not None:
+        return "logit softcap"
+    if kwargs.get("position_bias") is not None:
+        return "position_bias (a learned additive bias per layer)"
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# the attention function
+
+
+def frost_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: q, k, v as [B, H, S, D], returns
+    (attn_output [B, Sq, Hq, Dv] contiguous, None)."""
+    reason = _unsupported(query, key, value, dropout, kwargs)
+    plan = None
+    if reason is None and attention_mask is not None:
+        plan = _plan_for(attention_mask, module, kwargs)
+        if isinstance(plan, str):
+            reason, plan = plan, None
+    if reason is not None:
+        return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
+
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        sinks = sinks.float()
+    query, key, value = _autocast(query, key, value)
+    # frost's dense layout is BSHD: transformers' [B, H, S, D] transposed is that, with
+    # other strides (frost takes any strides whose last is 1)
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if plan is None:
+        # what sdpa does without a mask: causal (top-left) unless a single query or is_causal=False
+        causal = query.shape[2] > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        out = frost.attention(q, k, v, scale=scaling, causal=causal, sinks=sinks)
+    elif plan.packed:
+        batch, seqlen = q.shape[:2]
+        out = frost.attention(
+            q.reshape(batch * seqlen, *q.shape[2:]), k.reshape(batch * seqlen, *k.shape[2:]),
+            v.reshape(batch * seqlen, *v.shape[2:]), scale=scaling, causal=True, window=(plan.window_left, 0),
+            cu_seqlens_q=plan.cu_seqlens, cu_seqlens_k=plan.cu_seqlens,
+            max_seqlen_q=plan.max_seqlen, max_seqlen_k=plan.max_seqlen, sinks=sinks,
+        ).view(batch, seqlen, *q.shape[2:3], v.shape[-1])  # fmt: skip
+    else:
+        out = frost.attention(
+            q, k, v, scale=scaling, causal=plan.causal, causal_align=plan.causal_align,
+            window=(plan.window_left, 0 if plan.causal else -1), seqlens_k=plan.seqlens_k, sinks=sinks,
+        )  # fmt: skip
+    return out.contiguous(), None
+
+
+# ---------------------------------------------------------------------------------------
+# reading a 4-D mask
+
+_plans: dict[int, tuple] = {}  # id(mask) -> (weakref to mask, mask._version, hint key, plan)
+_plans_lock = threading.Lock()
+
+
+def _plan_for(mask: torch.Tensor, module, kwargs) -> MaskPlan | str:
+    """The plan for this mask (a MaskPlan), or why there is none (a str); cached per mask
+    object and version, so the layers of one forward pass read the mask once."""
+    window_hint = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    hint_key = (window_hint, kwargs.get("position_ids") is not None, kwargs.get("cu_seq_lens_q") is not None)
+    entry = _plans.get(id(mask))
+    if entry is not None and entry[0]() is mask and entry[1] == mask._version and entry[2] == hint_key:
+        return entry[3]
+    plan = _read_mask(mask, window_hint, kwargs)
+    with _plans_lock:
+        for ident in [ident for ident, (ref, *_) in _plans.items() if ref() is None]:
+            del _plans[ident]  # masks of finished forward passes
+        _plans[id(mask)] = (weakref.ref(mask), mask._version, hint_key, plan)
+    return plan
+
+
+def _read_mask(mask: torch.Tensor, window_hint, kwargs) -> MaskPlan | str:
+    if mask.dim() != 4:
+        return f"a {mask.dim()}-D attention mask (frost reads 4-D [B, 1, Sq, Sk] masks)"
+    if mask.shape[1] != 1 and not bool((mask == mask[:, :1]).all()):
+        return "a mask that differs per head"
+    mask = mask[:, 0]
+    if mask.dtype != torch.bool:
+        zero, masked = mask == 0, (mask == float("-inf")) | (mask == torch.finfo(mask.dtype).min)
+        if not bool((zero | masked).all()):
+            return "an additive mask with values other than 0 and -inf (a bias)"
+        mask = zero
+        if not bool(mask.any(dim=-1).all()):
+            return "an additive mask with a fully masked query row (sdpa averages it, frost writes zeros)"
+    window_lefts = [-1] if window_hint is None or window_hint <= 0 else [window_hint - 1, -1]
+    plan = _dense_plan(mask, window_lefts)
+    if plan is None:
+        plan = _packed_plan(mask, window_lefts, kwargs)
+    if plan is not None:
+        return plan
+    key_seen = mask.any(dim=1)
+    lengths = key_seen.sum(-1, keepdim=True)
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    if torch.equal(key_seen, positions >= mask.shape[-1] - lengths) and not bool(key_seen.all()):
+        return "left padding (frost reads right padding: seqlens)"
+    return "a mask that is not causal / sliding-window with right padding or packing"
+
+
+def _dense_plan(mask: torch.Tensor, window_lefts: list[int]) -> MaskPlan | None:
+    """Right padding (the keys seen form a prefix per sequence) with causal, windowed or
+    full visibility: the keywords whose mask equals ``mask`` [B, Sq, Sk], or None."""
+    batch, seqlen_q, seqlen_k = mask.shape
+    key_seen = mask.any(dim=1)
+    lengths = key_seen.sum(-1)
+    positions = torch.arange(seqlen_k, device=mask.device)
+    if not torch.equal(key_seen, positions < lengths[:, None]):
+        return None
+    seqlens_k = None if bool((lengths == seqlen_k).all()) else lengths.to(torch.int32)
+    candidates = [(True, align, left) for left in window_lefts for align in ("top_left", "bottom_right")]
+    for causal, align, left in candidates + [(False, "top_left", -1)]:
+        if torch.equal(_dense_mask(lengths, seqlen_q, seqlen_k, causal, align, left), mask):
+            return MaskPlan(False, causal, align, left, seqlens_k, None, None)
+    return None
+
+
+def _dense_mask(lengths, seqlen_q, seqlen_k, causal, align, window_left) -> torch.Tensor:
+    """SEMANTICS.md's visibility for dense padding with seqlens_k only, as [B, Sq, Sk]."""
+    rows = torch.arange(seqlen_q, device=lengths.device)[None, :, None]
+    cols = torch.arange(seqlen_k, device=lengths.device)[None, None, :]
+    lengths = lengths[:, None, None]
+    delta = lengths - seqlen_q if align == "bottom_right" else torch.zeros_like(lengths)
+    visible = (cols < lengths).expand(-1, seqlen_q, -1)  # full shape: torch.equal compares shapes too
+    if causal:
+        visible = visible & (cols <= rows + delta)
+    if window_left >= 0:
+        visible = visible & (cols >= rows + delta - window_left)
+    return visible
+
+
+def _packed_plan(mask: torch.Tensor, window_lefts: list[int], kwargs) -> MaskPlan | None:
+    """Several causal sequences packed into each row: the THD keywords whose mask equals
+    ``mask`` [B, S, S], or None."""
+    batch, seqlen_q, seqlen_k = mask.shape
+    if seqlen_q != seqlen_k:
+        return None
+    for segments in _segment_candidates(mask, kwargs):
+        rows = torch.arange(seqlen_q, device=mask.device)[:, None]
+        cols = torch.arange(seqlen_k, device=mask.device)[None, :]
+        same = (segments[:, :, None] == segments[:, None, :]) & (cols <= rows)
+        for left in window_lefts:
+            expected = same & (cols >= rows - left) if left >= 0 else same
+            if torch.equal(expected, mask):
+                return _packed_keywords(segments, left)
+    return None
+
+
+def _segment_candidates(mask: torch.Tensor, kwargs):
+    """Segment ids [B, S] that may describe the packing: from the flash-attention kwargs,
+    from restarting position_ids (transformers' own rule: a new sequence wherever the
+    position does not grow by 1), and from the mask (a row whose first visible key is
+    itself starts a sequence). Each is verified against the mask by the caller."""
+    batch, seqlen = mask.shape[:2]
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None and batch == 1 and int(cu[-1]) == seqlen:
+        starts = torch.zeros(seqlen, dtype=torch.long, device=mask.device)
+        starts[cu[:-1].to(device=mask.device, dtype=torch.long).clamp(max=seqlen - 1)] = 1
+        yield (starts.cumsum(0) - 1)[None]
+    position_ids = kwargs.get("position_ids")
+    if position_ids is not None and position_ids.dim() == 2 and position_ids.shape[-1] == seqlen:
+        position_ids = position_ids.to(mask.device).expand(batch, -1)
+        step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
+        yield (step != 1).cumsum(-1)
+    first = mask.to(torch.uint8).argmax(dim=-1)  # the first visible key of each row
+    yield (first == torch.arange(seqlen, device=mask.device)).cumsum(-1)
+
+
+def _packed_keywords(segments: torch.Tensor, window_left: int) -> MaskPlan:
+    batch, seqlen = segments.shape
+    flat = segments.reshape(-1)
+    starts = torch.ones_like(flat, dtype=torch.bool)
+    starts[1:] = flat[1:] != flat[:-1]
+    starts[::seqlen] = True  # each batch row starts its own sequence
+    bounds = torch.nonzero(starts).flatten()
+    total = torch.tensor([batch * seqlen], device=bounds.device)
+    cu_seqlens = torch.cat([bounds, total]).to(torch.int32)
+    max_seqlen = int(torch.diff(cu_seqlens).max())
+    return MaskPlan(True, True, "top_left", window_left, None, cu_seqlens, max_seqlen)
+
+
+register()  # importing the adapter is how it is enabled
