@@ -76,6 +76,14 @@ class _Entry:
     def current(self, direction: str) -> bool:
         return self.table is dispatch.engines(direction) and self.generation == Engine.generation
 
+    def lookup(self, extents: validation.Extents):
+        """The plan for these extents; under a graph capture (longest sequences unknown) the one
+        made eagerly for the same layout, batch and max_seqlen_*."""
+        served = self.served.get(extents)
+        if served is None and extents.longest_q is None:
+            served = next((s for e, s in self.served.items() if e[:4] == extents[:4]), None)
+        return served
+
 
 class CacheStats(NamedTuple):
     hits: int
@@ -105,7 +113,7 @@ class PlanCache:
             key = entry = None
         if entry is not None and entry.current(direction):
             extents = validation.check_values(entry.layout, tensors, options)
-            served = entry.served.get(extents)
+            served = entry.lookup(extents)
             if served is not None:
                 self._hits += 1
                 tensors = fill_seqlens(served.problem, tensors)
@@ -113,6 +121,11 @@ class PlanCache:
                     out = validation.check_out(direction, out, tensors)
                 return dispatch.run(served, tensors, out)
         self._misses += 1
+        lengths = [n for n in ("cu_seqlens_q", "seqlens_q", "seqlens_k") if getattr(tensors, n) is not None]
+        if lengths and validation.capturing(tensors.q):
+            raise ValueError(f"{lengths[0]}: a packed or padded call captured in a CUDA graph must first run once "
+                             "outside the capture with the same arguments (its plan, and the checks of its "
+                             "sequence lengths, are made then)")
         problem, tensors, extents = prepare_records(direction, tensors, options)
         out = validation.check_out(direction, out, tensors)
         served = dispatch.select(problem, engine=engine)

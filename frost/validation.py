@@ -283,9 +283,37 @@ def check_values(layout: str, t: Tensors, options: Options) -> Extents:
     """The checks only the values of seqlens / cu_seqlens can answer, and the extents they give.
 
     Part of ``validate``; run alone on a call whose every other fact was validated
-    before (same shapes, strides, dtypes, devices and options).
+    before (same shapes, strides, dtypes, devices and options). While the current CUDA
+    stream is capturing a graph nothing may be read back to the host: see
+    ``extents_while_capturing``.
     """
+    if capturing(t.q):
+        return extents_while_capturing(layout, t, options)
     return _dense_values(t) if layout == "bshd" else _packed_values(t, options)
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Whether ``x``'s CUDA stream is being captured into a graph (never on other devices)."""
+    return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def extents_while_capturing(layout: str, t: Tensors, options: Options) -> Extents:
+    """The extents of a call made under CUDA-graph capture, read from shapes and options only.
+
+    The values of seqlens / cu_seqlens are not checked here: reading them would sync with
+    the device, which a capture forbids, and a graph replays with whatever those tensors
+    hold at replay time anyway (the eager call that must precede the capture checked them
+    once). Packed calls therefore name their longest sequences: ``max_seqlen_q`` and
+    ``max_seqlen_k`` are required. The longest-sequence fields are None: unknown.
+    """
+    if layout == "bshd":
+        return Extents("bshd", t.q.shape[0], t.q.shape[1], t.k.shape[1], t.q.shape[1], t.k.shape[1])
+    for name in ("max_seqlen_q", "max_seqlen_k"):
+        given = getattr(options, name)
+        if given is None:
+            raise ValueError(f"{name}: required for packed inputs while capturing a CUDA graph "
+                             "(the longest sequence cannot be read back from the device during a capture)")
+    return Extents("thd", t.cu_seqlens_q.shape[0] - 1, options.max_seqlen_q, options.max_seqlen_k, None, None)
 
 
 def _dense_values(t: Tensors) -> Extents:
