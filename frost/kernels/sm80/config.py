@@ -22,6 +22,18 @@ HEAD_DIM_MULTIPLE = 8  # one 16-byte cp.async vector of fp16/bf16
 SMEM_BYTES_MAX = 227 * 1024  # opt-in shared memory per CTA on SM80/SM90
 
 
+class _Tiles:
+    """What every record derives from its ``flavor`` and ``num_warps`` fields."""
+
+    @property
+    def tile_hdim(self) -> int:
+        return FLAVORS[self.flavor]
+
+    @property
+    def num_threads(self) -> int:
+        return 32 * self.num_warps
+
+
 def _checker(record):
     """The ``bad(rule)`` of a record's ``validate`` (a ValueError naming the record), after the
     checks every record shares: known dtype, flavor and layout."""
@@ -43,7 +55,7 @@ def flavor_for(head_dim_qk: int, head_dim_v: int) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class FwdParams:
+class FwdParams(_Tiles):
     """Everything that changes the generated code of ``sm80/fwd``.
 
     Head dims are runtime extents; only whether they fill the flavor's tile is
@@ -64,14 +76,6 @@ class FwdParams:
     bottom_right: bool      # align query i with key i + Sk_b - Sq_b
     has_sinks: bool         # per-head sink logit in the softmax denominator
     heavy_first: bool = False  # launch query blocks longest-first across the whole grid
-
-    @property
-    def tile_hdim(self) -> int:
-        return FLAVORS[self.flavor]
-
-    @property
-    def num_threads(self) -> int:
-        return 32 * self.num_warps
 
     def smem_bytes(self) -> int:
         return 2 * self.tile_hdim * (self.tile_m + 2 * self.tile_n)
@@ -132,7 +136,7 @@ def fwd_params_for(
 
 
 @dataclasses.dataclass(frozen=True)
-class BwdPreParams:
+class BwdPreParams(_Tiles):
     """``sm80/bwd_pre``: D = rowsum(dO * O), lse in log2 units, per-block dsink partials, and
     (``accum_tile_m`` > 0) the zeroing of the default mode's flat dQ accumulator."""
 
@@ -146,14 +150,6 @@ class BwdPreParams:
     num_warps: int = 4
     accum_tile_m: int = 0   # the main kernel's tile_m whose dQ accumulator chunks this pass zeroes; 0: none
     dq_counters: bool = False  # also zero the ordered deterministic mode's per-query-block counters
-
-    @property
-    def tile_hdim(self) -> int:
-        return FLAVORS[self.flavor]
-
-    @property
-    def num_threads(self) -> int:
-        return 32 * self.num_warps
 
     def num_m_blocks(self, seqlen_q: int) -> int:
         """The grid's query-block extent: whole accumulator chunks when it zeroes them."""
@@ -179,7 +175,7 @@ DQ_REDUCE_WIDTHS = (1, 2, 4)  # floats per dQ reduction; 2 and 4 (red.global.add
 
 
 @dataclasses.dataclass(frozen=True)
-class BwdParams:
+class BwdParams(_Tiles):
     """Everything that changes the generated code of ``sm80/bwd`` (dK, dV and, unless
     ``deterministic``, dQ by reductions into a flat fp32 accumulator) and of
     ``sm80/bwd_dq`` (the deterministic dQ pass, which reads the same record).
@@ -218,14 +214,6 @@ class BwdParams:
     # fixed order per query block (key blocks from the highest down), each CTA waiting on a
     # per-block counter for its turn (sm80/bwd.py, "Ordered dQ")
     dq_ordered: bool = False
-
-    @property
-    def tile_hdim(self) -> int:
-        return FLAVORS[self.flavor]
-
-    @property
-    def num_threads(self) -> int:
-        return 32 * self.num_warps
 
     @property
     def reduces_dq(self) -> bool:
@@ -307,7 +295,7 @@ def bwd_params_for(
 
 
 @dataclasses.dataclass(frozen=True)
-class BwdConvertParams:
+class BwdConvertParams(_Tiles):
     """``sm80/bwd_convert``: the default mode's flat fp32 dQ accumulator -> dq (io dtype),
     scaled, through shared memory to 128-bit stores. Reads the accumulator in the main
     kernel's dQ MMA fragment order, so it shares that kernel's tile, warps and reduce width."""
@@ -327,14 +315,6 @@ class BwdConvertParams:
                    tile_m=bwd.tile_m, num_warps=bwd.num_warps, warps_m_dq=bwd.warps_m_dq,
                    dq_reduce_width=bwd.dq_reduce_width)
 
-    @property
-    def tile_hdim(self) -> int:
-        return FLAVORS[self.flavor]
-
-    @property
-    def num_threads(self) -> int:
-        return 32 * self.num_warps
-
     def validate(self) -> "BwdConvertParams":
         bad = _checker(self)
         if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
@@ -345,7 +325,7 @@ class BwdConvertParams:
 
 
 @dataclasses.dataclass(frozen=True)
-class BwdDqParams:
+class BwdDqParams(_Tiles):
     """``sm80/bwd_dq``: dQ of the deterministic backward, one CTA per query block.
 
     Same facts as BwdParams' masks and layouts; its own tiles (warps along M,
@@ -365,14 +345,6 @@ class BwdDqParams:
     tile_m: int = 64
     tile_n: int = 64
     num_warps: int = 4
-
-    @property
-    def tile_hdim(self) -> int:
-        return FLAVORS[self.flavor]
-
-    @property
-    def num_threads(self) -> int:
-        return 32 * self.num_warps
 
     @classmethod
     def of(cls, bwd: "BwdParams") -> "BwdDqParams":
