@@ -2,7 +2,9 @@
 
 Every test must carry exactly one level marker (L0, L1 or L2); an unmarked
 test is a collection error, so nothing silently drops out of every level.
-Tests marked ``gpu`` are skipped with a reason when CUDA is unavailable.
+Tests marked ``gpu`` are skipped with a reason when CUDA is unavailable, unless the run
+asked for GPU tests only (``-m "L0 and gpu"``): then a missing or broken CUDA is a usage
+error, not a green run of skips.
 ``reports.plugin`` collects the accuracy harness's per-case records and prints
 the routing summary at the end of the run (also under pytest-xdist).
 ``fuzz.plugin`` selects the Hypothesis profile of the fuzz suites (``ci`` unless
@@ -45,6 +47,26 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def selects_only_gpu_tests(markexpr: str) -> bool:
+    """Whether a ``-m`` expression can select a test only if it is marked ``gpu``."""
+    if not markexpr:
+        return False
+    from _pytest.mark.expression import Expression
+
+    try:
+        expression = Expression.compile(markexpr)
+    except Exception:  # pytest reports a malformed expression itself
+        return False
+
+    def selects(*marks):
+        return expression.evaluate(lambda name, **kwargs: name in marks)
+
+    kinds = ((), ("fuzz",))
+    without_gpu = any(selects(level, *kind) for level in LEVELS for kind in kinds)
+    with_gpu = any(selects(level, "gpu", *kind) for level in LEVELS for kind in kinds)
+    return with_gpu and not without_gpu
+
+
 def pytest_collection_modifyitems(config, items):
     unmarked = []
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
@@ -61,4 +83,10 @@ def pytest_collection_modifyitems(config, items):
     if unmarked:
         raise pytest.UsageError(
             "every test needs exactly one level marker (L0, L1 or L2):\n  " + "\n  ".join(unmarked)
+        )
+    markexpr = config.getoption("markexpr", "")
+    if selects_only_gpu_tests(markexpr) and not _cuda_available():
+        raise pytest.UsageError(
+            f"-m {markexpr!r} selects GPU tests only, but CUDA is not available (no device, or it failed to "
+            "initialize): every test would skip"
         )

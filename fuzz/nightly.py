@@ -176,6 +176,23 @@ def _merge(args) -> int:
     return _report(out, meta, 0)
 
 
+# A GPU night whose cases frost's own engines judged less than this share of is no test of them
+# (a missing DSL or a declining engine turns it into a native-only run): it fails.
+MIN_OWN_SHARE = 0.25
+
+
+def own_engine_shortfall(case_df, regime: str) -> str | None:
+    """Why a GPU-regime run judged too few cases on frost's own (non-native) engines, or None."""
+    if regime != "gpu":
+        return None
+    total = len(case_df)
+    own = int((~case_df["native"].astype(bool)).sum()) if total else 0
+    if total and own / total >= MIN_OWN_SHARE:
+        return None
+    return (f"frost's own engines judged {own} of {total} cases, under the {MIN_OWN_SHARE:.0%} a GPU run must "
+            "reach (is the CuTe DSL missing, or do the sm80 engines decline?)")
+
+
 def _report(out: Path, meta: dict, status: int) -> int:
     paths = publish.write_run(out, meta)
     print(f"\nfrost-fuzz: wrote {', '.join(p.name for p in paths)} to {out}")
@@ -187,6 +204,12 @@ def _report(out: Path, meta: dict, status: int) -> int:
     for row in fuzzlog.failures(fuzzlog.frame(chunks)).itertuples():
         print(f"frost-fuzz: FAILED {row.test_id} on {row.worker} (chunk seed {row.seed}): {row.failure}"
               + (f"\n  reproduce: {row.reproduce}" if row.reproduce else ""))  # fmt: skip
+    shortfall = own_engine_shortfall(tables.cases(tables.frame(records.read_folder(out / "records"))),
+                                     meta.get("key", "").removeprefix("fuzz-"))
+    if shortfall:
+        print(f"frost-fuzz: FAILED: {shortfall}")
+        cli.print_verdict("frost-fuzz", out, status)
+        return status or 1
     return cli.print_verdict("frost-fuzz", out, status)
 
 

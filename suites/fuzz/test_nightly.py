@@ -95,3 +95,19 @@ def test_status_line_sums_the_workers_progress(tmp_path):
     assert nightly.status_line(tmp_path, 125.4) == "frost-fuzz: 8 examples, 1 failures, 2:05 left"
     (tmp_path / "progress-gw2.json").write_text("{half a fi")  # being replaced: skipped, not fatal
     assert nightly.status_line(tmp_path, -3) == "frost-fuzz: 8 examples, 1 failures, 0:00 left"
+
+
+@pytest.mark.L0
+def test_a_gpu_night_judged_mostly_on_native_engines_fails():
+    import pandas as pd
+
+    from fuzz.nightly import MIN_OWN_SHARE, own_engine_shortfall
+
+    def frame(native: list[bool]):
+        return pd.DataFrame({"native": native})
+
+    assert own_engine_shortfall(frame([True] * 10), "cpu") is None  # the CPU regime has no frost engine
+    assert "0 of 10 cases" in own_engine_shortfall(frame([True] * 10), "gpu")
+    assert "0 of 0 cases" in own_engine_shortfall(frame([]), "gpu")
+    enough = int(10 * MIN_OWN_SHARE + 0.999)
+    assert own_engine_shortfall(frame([False] * enough + [True] * (10 - enough)), "gpu") is None
