@@ -191,10 +191,11 @@ class _Sm80ForwardPlan(Plan):
         self._compiled = compiled
 
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
-        from frost.kernels.sm80.compile import launch_fwd
+        from frost.kernels.sm80.compile import copy_rows, launch_fwd
 
         p = self.problem
-        o, lse = out if out is not None else _allocate_forward(p)
+        # dense: the kernel writes every row of o and lse; packed rows past cu_seqlens[-1] must read as zeros
+        o, lse = out if out is not None else allocate_forward(p, zero=p.layout == "thd")
         # a caller's o with rows the 16-byte stores cannot address goes through a staging copy
         o_kernel = o if _vector_aligned(o) else torch.empty(p.o_shape, dtype=p.dtype, device=o.device)
         launch_fwd(
@@ -205,7 +206,7 @@ class _Sm80ForwardPlan(Plan):
             max_seqlen_q=p.seqlen_q,
         )
         if o_kernel is not o:
-            _copy_rows(p.layout, tensors.cu_seqlens_q, o_kernel, o)
+            copy_rows(o, o_kernel, tensors.cu_seqlens_q)
         return o, lse
 
 
@@ -263,10 +264,11 @@ class _Sm80BackwardPlan(Plan):
         return self._workspace.nbytes
 
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
-        from frost.kernels.sm80.compile import launch_bwd
+        from frost.kernels.sm80.compile import copy_rows, launch_bwd
 
         p, t = self.problem, tensors
-        grads = Grads(*out) if out is not None else _allocate_grads(p, t)
+        # dense: the chain writes every element (padded rows as zeros); packed tails must read as zeros
+        grads = Grads(*out) if out is not None else allocate_backward(p, t, zero=p.layout == "thd")
         if workspace is None:
             workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=t.q.device)
         scratch = self._workspace.carve(workspace)
@@ -279,33 +281,5 @@ class _Sm80BackwardPlan(Plan):
         )
         for kernel_out, given, rows in zip(staged, grads[:3], (t.cu_seqlens_q, t.cu_seqlens_k, t.cu_seqlens_k)):
             if kernel_out is not given:
-                _copy_rows(p.layout, rows, kernel_out, given)
+                copy_rows(given, kernel_out, rows)
         return grads
-
-
-def _allocate_grads(problem: Problem, tensors: Tensors) -> Grads:
-    """Dense gradients come from torch.empty: the chain writes every element of dq, dk, dv
-    (padded rows as zeros) and dsinks. Packed ones stay zero-filled: rows past
-    cu_seqlens[-1] are never written and must read as zeros (engines/base.py)."""
-    if problem.layout == "thd":
-        return allocate_backward(problem, tensors)
-
-    def empty_like(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-    return Grads(*(empty_like(x) for x in (tensors.q, tensors.k, tensors.v, tensors.bias, tensors.sinks)))
-
-
-def _allocate_forward(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense o and lse from torch.empty: the forward writes every row of both."""
-    if problem.layout == "thd":
-        return allocate_forward(problem)
-    o = torch.empty(problem.o_shape, dtype=problem.dtype, device=problem.device)
-    return o, torch.empty(problem.lse_shape, dtype=torch.float32, device=problem.device)
-
-
-def _copy_rows(layout: str, cu_seqlens, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy what a kernel wrote; packed rows past cu_seqlens[-1] stay untouched in ``dst``."""
-    from frost.kernels.sm80.compile import copy_rows
-
-    copy_rows(dst, src, cu_seqlens if layout == "thd" else None)
