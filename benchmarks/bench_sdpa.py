@@ -126,6 +126,43 @@ def forward_row(b, s, hq, hkv, d, causal, reps_ms: int) -> dict:
     return row
 
 
+def backward_variants(hq: int, hkv: int, d: int) -> dict[str, Sm80Backward]:
+    """The forced engine choices ``--variants`` times, by column name."""
+    forced = {"hf_off": dict(heavy_first=False), "hf_on": dict(heavy_first=True)}
+    if torch.cuda.get_device_capability() >= (9, 0):
+        forced["w4"] = dict(dq_reduce_width=4)
+    if hq != hkv:
+        forced["nosplit"] = dict(split=1)
+    for tm, tn in (((128, 64), (64, 128)) if d <= 64 else ((64, 64),)):
+        forced[f"t{tm}x{tn}"] = dict(tile_mn=(tm, tn))
+    return {name: Sm80Backward(**choice) for name, choice in forced.items()}
+
+
+def precompile(chosen, direction: str, variants: bool, jobs: int) -> None:
+    """Build every kernel the run will time in ``jobs`` parallel workers into the disk cache
+    first, so that the timed loop's compiles are loads (serially they take minutes)."""
+    from frost.kernels.prebuild import build_records
+
+    records = []
+    for b, s, hq, hkv, d, causal in chosen:
+        q, k, v, do = _inputs(b, s, hq, hkv, d, grad_out=True)
+        _, engine, problem, _ = _plan("forward", q, k, v, causal=causal)
+        records += engine.records(problem)  # a backward row runs a forward first too
+        if direction in ("bwd", "both"):
+            o, lse = torch.empty_like(q), torch.empty(b, hq, s, device="cuda")
+            kw = dict(o=o, lse=lse, do=do, causal=causal)
+            _, engine, problem, _ = _plan("backward", q, k, v, **kw)
+            records += engine.records(problem)
+            det_problem = _plan("backward", q, k, v, deterministic=True, **kw)[2]
+            records += engine.records(det_problem)
+            if variants and isinstance(engine, Sm80Backward):
+                records += Sm80Backward(ordered_dq=True).records(det_problem)
+                for variant in backward_variants(hq, hkv, d).values():
+                    records += variant.records(problem)
+    counts = build_records(records, jobs)
+    print(f"precompile: {counts}", flush=True)
+
+
 def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict:
     q, k, v, do = _inputs(b, s, hq, hkv, d, grad_out=True)
     flops = 2.5 * _flops(b, s, hq, d, causal)
@@ -145,21 +182,14 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
     row["frost_plan"] = flops / _bench(lambda: plan.execute(tensors, out=grads, workspace=workspace), reps_ms) / 1e9
     row["frost_det"] = flops / _bench(api(deterministic=True), reps_ms) / 1e9
     if variants and decision.engine == "sdpa_bwd_sm80":
-        forced = {"hf_off": dict(heavy_first=False), "hf_on": dict(heavy_first=True)}
-        if torch.cuda.get_device_capability() >= (9, 0):
-            forced["w4"] = dict(dq_reduce_width=4)
-        if hq != hkv:
-            forced["nosplit"] = dict(split=1)
-        for tm, tn in (((128, 64), (64, 128)) if d <= 64 else ((64, 64),)):
-            forced[f"t{tm}x{tn}"] = dict(tile_mn=(tm, tn))
         det_problem, det_tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, causal=causal,
                                            deterministic=True)
         ordered = Sm80Backward(ordered_dq=True).compile(det_problem)
         space = torch.empty(ordered.workspace_bytes, dtype=torch.uint8, device="cuda")
         row["det_ord"] = flops / _bench(lambda: ordered.execute(det_tensors, out=grads, workspace=space), reps_ms) / 1e9
         row["det_ord cost"] = row["frost_plan"] / row["det_ord"]
-        for name, choice in forced.items():
-            variant = Sm80Backward(**choice).compile(problem)
+        for name, variant_engine in backward_variants(hq, hkv, d).items():
+            variant = variant_engine.compile(problem)
             space = torch.empty(variant.workspace_bytes, dtype=torch.uint8, device="cuda")
             row[name] = flops / _bench(lambda: variant.execute(tensors, out=grads, workspace=space), reps_ms) / 1e9
     for backend in TORCH_BACKENDS:
@@ -212,8 +242,12 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", action="store_true", help="backward: time each engine choice forced")
     parser.add_argument("--only", default="", help="comma list of shape indices to run (0-based, MHA then GQA)")
     parser.add_argument("--out", default=os.environ.get("OUT", "frost-out/bench"))
+    parser.add_argument("--precompile", type=int, default=0, metavar="J",
+                        help="first build every kernel the run needs in J parallel workers (disk cache)")
     args = parser.parse_args(argv)
     chosen = [x for i, x in enumerate(shapes()) if not args.only or str(i) in args.only.split(",")]
+    if args.precompile:
+        precompile(chosen, args.direction, args.variants, args.precompile)
     tables = []
     if args.direction in ("fwd", "both"):
         tables.append([_progress(forward_row(*shape, args.reps_ms)) for shape in chosen])

@@ -135,12 +135,37 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def profile(device, calls: int, path: str) -> None:
+    """cProfile ``calls`` calls of each frost call on ``device`` (after a warm-up): where the
+    host time goes, top functions by own time and by cumulative time, written to ``path``."""
+    import cProfile
+    import io
+    import pstats
+
+    sections = []
+    for name, fn in frost_calls(device).items():
+        for _ in range(30):
+            fn()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            fn()
+        profiler.disable()
+        for order in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(30)
+            sections.append(f"## {device.type} {name}: {calls} calls, by {order}\n{text.getvalue()}")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(sections))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50, help="calls per timed loop")
     parser.add_argument("--repeats", type=int, default=21, help="timed loops; the median is reported")
     parser.add_argument("--warmup", type=int, default=30, help="untimed calls first")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--profile", metavar="PATH", help="also cProfile frost's calls on the last device into PATH")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -152,6 +177,8 @@ def main(argv=None) -> None:
     print(f"host time per call, B{b} S{s} H{h} D{d}, frost in bf16, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; median of {args.repeats} loops of {args.calls} calls\n")  # fmt: skip
     print(table(rows))
+    if args.profile:
+        profile(devices[-1], 300, args.profile)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,12 @@ class Engine(abc.ABC):
     def compile(self, problem: Problem) -> Plan:
         """Lower an accepted problem to a plan; may raise ``Declined``."""
 
+    def records(self, problem: Problem) -> tuple:
+        """The kernel params records ``compile(problem)`` would build, without building them
+        (``frost.kernels.prebuild.build_records`` compiles them ahead of time); () for an
+        engine that compiles nothing."""
+        return ()
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.direction}>"
 

@@ -74,16 +74,21 @@ class Sm80Forward(Engine):
     def check_support(self, problem: Problem) -> str | None:
         return super().check_support(problem) or sm80_decline(problem)
 
-    def compile(self, problem: Problem) -> Plan:
-        from frost.kernels.sm80 import compile as sm80_compile
+    def records(self, problem: Problem) -> tuple:
+        """The params records a plan for ``problem`` compiles (for filling a cache ahead of time)."""
         from frost.kernels.sm80.config import fwd_params_for
 
-        params = fwd_params_for(
+        return (fwd_params_for(
             dtype=_DTYPE_NAMES[problem.dtype], head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v,
             layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
             window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
             has_sinks=problem.has_sinks,
-        )
+        ),)
+
+    def compile(self, problem: Problem) -> Plan:
+        from frost.kernels.sm80 import compile as sm80_compile
+
+        (params,) = self.records(problem)
         return _Sm80ForwardPlan(problem, params, sm80_compile.compile_fwd(params))
 
 
@@ -118,8 +123,11 @@ class Sm80Backward(Engine):
     def check_support(self, problem: Problem) -> str | None:
         return super().check_support(problem) or sm80_decline(problem)
 
-    def compile(self, problem: Problem) -> Plan:
-        from frost.kernels.sm80 import compile as sm80_compile
+    def records(self, problem: Problem) -> tuple:
+        """The chain's params records for ``problem``: (preprocess, main, last pass)."""
+        return self._chain(problem)[0]
+
+    def _chain(self, problem: Problem) -> tuple[tuple, int]:
         from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdPreParams
 
         main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
@@ -129,16 +137,14 @@ class Sm80Backward(Engine):
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
             accum_tile_m=main.tile_m if main.reduces_dq else 0, dq_counters=main.dq_ordered,
         )
-        if main.reduces_dq:
-            last = BwdConvertParams.of(main)
-            compiled_last = sm80_compile.compile_bwd_convert(last)
-        else:
-            last = BwdDqParams.of(main)
-            compiled_last = sm80_compile.compile_bwd_dq(last)
-        return _Sm80BackwardPlan(
-            problem, splits, (pre, main, last),
-            (sm80_compile.compile_bwd_pre(pre), sm80_compile.compile_bwd(main), compiled_last),
-        )
+        last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
+        return (pre, main, last), splits
+
+    def compile(self, problem: Problem) -> Plan:
+        from frost.kernels.sm80 import compile as sm80_compile
+
+        records, splits = self._chain(problem)
+        return _Sm80BackwardPlan(problem, splits, records, tuple(map(sm80_compile.compile_record, records)))
 
 
 @functools.lru_cache(maxsize=None)

@@ -249,7 +249,8 @@ def test_two_processes_writing_one_key_leave_one_valid_entry(tmp_path):
 @pytest.mark.L0
 def test_frost_compile_fills_a_cache_a_fresh_process_uses(tmp_path):
     cache_dir = tmp_path / "prebuilt"
-    cmd = [sys.executable, "-m", "frost.kernels.prebuild", "--records", "L0", "--arch", "sm_80", "-j", "2",
+    arch = sm80_compile.target_arch()  # the fresh process's own target (the GPU's, on a GPU machine)
+    cmd = [sys.executable, "-m", "frost.kernels.prebuild", "--records", "L0", "--arch", arch, "-j", "2",
            "--cache-dir", str(cache_dir), "--template", "sm80/bwd_pre", "--limit", "2"]
     env = _env(tmp_path / "elsewhere")  # --cache-dir wins over the environment
     run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -261,6 +262,22 @@ def test_frost_compile_fills_a_cache_a_fresh_process_uses(tmp_path):
     pres = [p for p in L0 if isinstance(p, BwdPreParams)]
     result = _child(cache_dir, pres[1])
     assert (result["compiles"], result["loads"]) == (0, 1), result
+
+
+@pytest.mark.L0
+def test_build_records_fills_the_cache_for_this_process(tmp_path, monkeypatch):
+    """What a benchmark does before timing: records (repeats allowed) built by workers are then
+    loads in this process, for its own target."""
+    from frost.kernels.prebuild import build_records
+
+    monkeypatch.setenv("FROST_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("FROST_DISK_CACHE", raising=False)
+    pres = [p for p in L0 if isinstance(p, BwdPreParams)][2:4]
+    assert build_records([*pres, pres[0]], jobs=2) == {"compiled": 2, "present": 0, "failed": 0}
+    assert build_records(pres, jobs=2) == {"compiled": 0, "present": 2, "failed": 0}
+    for params in pres:
+        key = disk_cache.entry_key("sm80/bwd_pre", params, sm80_compile.target_arch(params))
+        assert disk_cache.present(disk_cache.entry_path(tmp_path, key), key)
 
 
 @pytest.mark.L0

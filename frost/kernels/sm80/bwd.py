@@ -58,7 +58,7 @@ from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import recompute, tiles
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of, launch_extents
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, dq_accum_slice, heads_of, launch_extents
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -383,7 +383,7 @@ def reduce_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
     """Reduce a dQ fragment into its query block's chunk of the flat accumulator, in fragment
     order (module docstring): a warp's reductions cover whole 128-byte lines."""
     for j in cutlass.range_constexpr(cute.size(acc_dQ) // DQ_WIDTH):
-        target = g_chunk.iterator + (j * NUM_THREADS + tidx) * DQ_WIDTH
+        target = dq_accum_slice(g_chunk, j, tidx, NUM_THREADS, DQ_WIDTH)
         if const_expr(DQ_WIDTH == 1):
             cute.arch.atomic_add(target, acc_dQ[j])
         else:

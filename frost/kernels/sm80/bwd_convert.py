@@ -19,7 +19,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, launch_extents
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, dq_accum_slice, launch_extents
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -70,7 +70,7 @@ def convert_kernel(mdQaccum: cute.Tensor, mdQ: cute.Tensor, lengths: SeqlenTenso
         # (frag): this thread's dQ MMA fragment of the (TILE_M, TILE_HDIM) block
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM)), Float32)
         for j in cutlass.range_constexpr(cute.size(acc) // WIDTH):
-            source = cute.make_tensor(chunk.iterator + (j * NUM_THREADS + tidx) * WIDTH, cute.make_layout(WIDTH))
+            source = cute.make_tensor(dq_accum_slice(chunk, j, tidx, NUM_THREADS, WIDTH), cute.make_layout(WIDTH))
             cute.make_tensor(acc.iterator + WIDTH * j, cute.make_layout(WIDTH)).store(source.load() * scale)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sdQ = storage.sdQ.get_tensor(setup.sdQ_layout)

@@ -102,3 +102,10 @@ class SeqlenInfo:
         """(tile_m * tile_hdim,) chunk of query block ``m_block`` in that slab."""
         slab = self.dq_accum_slab(mAcc, batch, head, tile_m, tile_hdim)
         return cute.local_tile(slab, (tile_m * tile_hdim,), (m_block,))
+
+
+def dq_accum_slice(chunk: cute.Tensor, j, tidx, threads: int, width: int):
+    """Start of thread ``tidx``'s ``j``-th run of ``width`` dQ fragment values in a chunk of the
+    flat accumulator: ``(j * threads + tidx) * width``, so a warp's runs are adjacent (whole
+    lines). The one layout ``sm80/bwd`` reduces into and ``sm80/bwd_convert`` reads back."""
+    return chunk.iterator + (j * threads + tidx) * width
