@@ -34,7 +34,7 @@ query block's contributions arrive in a fixed order, key blocks from the
 highest down. Before reducing into block (h, m), thread 0 waits until the
 block's counter says every higher key block that sees it has added its share
 (the count follows from the mask: ``ordered_turn``); after the dK product
-(under which the reductions drain) every thread fences and thread 0 releases
+(under which the reductions drain) a barrier, then thread 0 releases
 the counter by one. Key blocks are launched highest first, so a CTA only ever
 waits on CTAs launched before it (no deadlock), and under a causal mask the
 block above is one query block ahead of it (little waiting). Fixed order, fixed
@@ -418,8 +418,11 @@ def wait_turn(counter, turn: Int32, tidx):
 
 @cute.jit
 def pass_turn(counter, tidx):
-    """Every thread's reductions are visible device-wide before thread 0 releases the counter."""
-    cute.arch.fence_acq_rel_gpu()
+    """Release the counter once every thread has issued its reductions. No per-thread GPU fence:
+    the barrier orders each thread's reductions before thread 0's release (CTA scope), and
+    the release is cumulative, so an acquirer of the new count is ordered after all of them
+    (PTX memory model; the pattern of CUTLASS's ``Barrier::arrive_inc``). A fence here
+    would stall every thread until its reductions reached L2."""
     cute.arch.barrier()
     if tidx == 0:
         cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
