@@ -180,8 +180,8 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
         sms = _sm_count(problem.device) if problem.device_type == "cuda" else 132
         split = group_split(problem, main.tile_n, sms)
     split = math.gcd(split, problem.heads_q // problem.heads_kv)  # a forced count must divide the group
-    if heavy_first is None or main.dq_ordered:  # ordered dQ needs key blocks launched highest first
-        heavy_first = main.has_window_right and not main.dq_ordered
+    if heavy_first is None or main.dq_ordered:  # ordered dQ needs key blocks launched lowest first
+        heavy_first = main.has_window_right or main.dq_ordered
     main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first).validate()
     return main, split
 

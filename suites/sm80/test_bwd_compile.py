@@ -147,12 +147,12 @@ def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
                                 deterministic=True)
     ordered = Sm80Backward(ordered_dq=True).compile(problem)
     pre, main, last = ordered.params
-    assert main.deterministic and main.dq_ordered and not main.heavy_first
+    assert main.deterministic and main.dq_ordered and main.heavy_first
     assert pre.dq_counters and pre.accum_tile_m == main.tile_m and isinstance(last, BwdConvertParams)
     recompute = Sm80Backward().compile(problem)
     assert isinstance(recompute.params[2], BwdDqParams) and not recompute.params[1].dq_ordered
     with pytest.raises(ValueError, match="dq_ordered"):
-        dataclasses.replace(main, heavy_first=True).validate()
+        dataclasses.replace(main, heavy_first=False).validate()
     with pytest.raises(ValueError, match="dq_ordered"):
         dataclasses.replace(main, deterministic=False).validate()
 

@@ -30,15 +30,17 @@ order, scales it and stores dq. ``dq_reduce_width`` 2 or 4 use
 red.global.add.v2/v4.f32 (SM90).
 
 Ordered dQ (``dq_ordered``, deterministic mode): the same reductions, but each
-query block's contributions arrive in a fixed order, key blocks from the
-highest down. Before reducing into block (h, m), thread 0 waits until the
-block's counter says every higher key block that sees it has added its share
-(the count follows from the mask: ``ordered_turn``); after the dK product
-(under which the reductions drain) a barrier, then thread 0 releases
-the counter by one. Key blocks are launched highest first, so a CTA only ever
-waits on CTAs launched before it (no deadlock), and under a causal mask the
-block above is one query block ahead of it (little waiting). Fixed order, fixed
-fp32 sums: bitwise reproducible, with no dQ recompute pass.
+query block's contributions arrive in a fixed order, key blocks from the lowest
+up. Before reducing into block (h, m), thread 0 waits until the block's counter
+says every lower key block that sees it has added its share (``ordered_turn``);
+after the dK product (under which the reductions drain) a barrier, then thread
+0 releases the counter by one. Key blocks are the grid's slowest index, lowest
+first (the heavy-first order under a causal mask), so a CTA only ever waits on
+CTAs launched before it (no deadlock), and a CTA walks its query blocks from
+the highest down: the key blocks of one column that run at once all start on
+the same (last) query block and then move in step, each a fraction of a step
+behind the one before it. Fixed order, fixed fp32 sums: bitwise reproducible,
+with no dQ recompute pass.
 
 Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
 fp32 partials when split). Key rows past Sk_b inside the padded extent are
@@ -156,8 +158,6 @@ def bwd_kernel(
         head_slot, batch, n_block = cute.arch.block_idx()
     else:
         n_block, head_slot, batch = cute.arch.block_idx()
-        if const_expr(ORDERED):
-            n_block = cute.arch.grid_dim()[0] - 1 - n_block  # highest first: see "Ordered dQ"
     head_kv = head_slot // num_splits
     split = head_slot % num_splits
     seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
@@ -187,12 +187,12 @@ def bwd_kernel(
     load_kv(setup.gmem_tiled_copy_load, tidx, mK, mV, sK, sV, seqlen, batch, head_kv, n_block)
     num_steps = num_m_blocks * heads_per_cta
     if num_steps > 0:
-        loads.issue(first_head, m_block_min, 0)
+        loads.issue(first_head, step_m_block(0, m_block_min, m_block_max, num_m_blocks), 0)
     cute.arch.cp_async_commit_group()
 
     for i in cutlass.range(num_steps, unroll=1):
         head = first_head + i // num_m_blocks
-        m_block = m_block_min + i % num_m_blocks
+        m_block = step_m_block(i, m_block_min, m_block_max, num_m_blocks)
         stage = i % STAGES
         gLSE2 = cute.local_tile(seqlen.lse_row(mLSE2, batch, head), (TILE_M,), (m_block,))
         gD = cute.local_tile(seqlen.lse_row(mD, batch, head), (TILE_M,), (m_block,))
@@ -201,7 +201,8 @@ def bwd_kernel(
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # this step's Q, dO landed; every warp is done with the previous step
         if i + 1 < num_steps:
-            loads.issue(first_head + (i + 1) // num_m_blocks, m_block_min + (i + 1) % num_m_blocks, 1 - stage)
+            loads.issue(first_head + (i + 1) // num_m_blocks,
+                        step_m_block(i + 1, m_block_min, m_block_max, num_m_blocks), 1 - stage)
         cute.arch.cp_async_commit_group()
 
         acc_P, acc_dS = recompute.probabilities_and_ds(
@@ -391,19 +392,21 @@ def reduce_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
             cute.arch.atomic_add(target, values)
 
 
+def step_m_block(i, m_block_min, m_block_max, num_m_blocks):
+    """The query block of step ``i`` of a head: ascending, or under ordered dQ descending (see
+    "Ordered dQ": the CTAs of a column then start on the same block)."""
+    if const_expr(ORDERED):
+        return m_block_max - 1 - i % num_m_blocks
+    return m_block_min + i % num_m_blocks
+
+
 @cute.jit
 def ordered_turn(mask: AttentionMask, n_block, m_block) -> Int32:
-    """How many key blocks reduce into query block ``m_block`` before ``n_block`` does: those
-    above it that see the block (the order is highest first). Every key block n' > n of a
-    visible band sees m_block iff its first visible query block is at most m_block (the last
-    one only grows with n'), which under a right window is n' * TILE_N < (m_block + 1) * TILE_M
-    + delta + window_right (AttentionMask.m_block_range, solved for n')."""
-    last = cute.ceil_div(mask.seqlen_k, TILE_N) - 1
-    if const_expr(P.has_window_right):
-        # a window past the sequence bounds nothing; clamping it keeps the sum in range
-        bound = (m_block + 1) * TILE_M + mask.delta + cutlass.min(mask.window_right, mask.seqlen_k)
-        last = cutlass.min(last, (bound - 1) // TILE_N)
-    return last - n_block
+    """How many key blocks reduce into query block ``m_block`` before ``n_block`` does: the lower
+    ones that see it. The key blocks that see a query block are one contiguous run (both ends
+    of ``m_block_range`` grow with the key block), which starts at ``n_block_range``'s first."""
+    first, _ = mask.n_block_range(m_block)
+    return n_block - first
 
 
 @cute.jit

@@ -211,8 +211,8 @@ class BwdParams(_Tiles):
     split_group: bool = False
     heavy_first: bool = False  # key blocks launched across the whole grid heaviest (lowest) first
     # deterministic mode without the dQ recompute: dQ is reduced as in the default mode but in a
-    # fixed order per query block (key blocks from the highest down), each CTA waiting on a
-    # per-block counter for its turn (sm80/bwd.py, "Ordered dQ")
+    # fixed order per query block (key blocks from the lowest up, launched in that order:
+    # heavy_first), each CTA waiting on a per-block counter for its turn (sm80/bwd.py, "Ordered dQ")
     dq_ordered: bool = False
 
     @property
@@ -256,8 +256,8 @@ class BwdParams(_Tiles):
             bad("the deterministic mode reduces dQ one float at a time, in order")
         if self.dq_ordered and not self.deterministic:
             bad("dq_ordered is a way of the deterministic mode")
-        if self.dq_ordered and self.heavy_first:
-            bad("dq_ordered launches key blocks highest first (each waits on the ones above it)")
+        if self.dq_ordered and not self.heavy_first:
+            bad("dq_ordered needs heavy_first: key blocks launched lowest first (each waits on the ones below it)")
         if self.dq_chunk % (self.num_threads * self.dq_reduce_width):
             bad("the dQ chunk must split evenly into the threads' reductions")
         if self.smem_bytes() > SMEM_BYTES_MAX:
@@ -290,7 +290,7 @@ def bwd_params_for(
         has_window_right=window_right >= 0,
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
         dq_reduce_width=1 if deterministic else dq_reduce_width, split_group=split_group,
-        dq_ordered=deterministic and dq_ordered,
+        dq_ordered=deterministic and dq_ordered, heavy_first=deterministic and dq_ordered,
     ).validate()
 
 

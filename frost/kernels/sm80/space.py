@@ -56,7 +56,7 @@ def admitted_bwd_params() -> list:
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
             dq_reduce_width=width, dq_ordered=ordered,
         )
-        heavy_first = main.has_window_right and not ordered
+        heavy_first = main.has_window_right or ordered  # as engines/sm80.backward_choices
         main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first).validate()
         seen[main] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
