@@ -193,13 +193,13 @@ CATALOGUE: tuple[Mutant, ...] = (
        "",
        "dP starts from whatever the registers held"),
     # ---- the flat dQ accumulator and its order ----------------------------------------------
-    _m("dq-layout-width", "dq accumulator", "bwd.py",
-       "target = g_chunk.iterator + (j * NUM_THREADS + tidx) * DQ_WIDTH",
-       "target = g_chunk.iterator + (j * NUM_THREADS + tidx)",
+    _m("dq-layout-width", "dq accumulator", "seqlen.py",
+       "return chunk.iterator + (j * threads + tidx) * width",
+       "return chunk.iterator + (j * threads + tidx)",
        "wide (v4) dQ reductions overlap each other; the scalar width is unaffected"),
     _m("dq-ordered-turn", "dq accumulator", "bwd.py",
-       "    return last - n_block\n",
-       "    return last - n_block - 1\n",
+       "    return n_block - first\n",
+       "    return n_block - first - 1\n",
        "ordered deterministic dQ takes its turn one key block early (a race)"),
 )
 
