@@ -39,7 +39,7 @@ DEFAULT_SUITES = ("suites/sm80",)
 class Outcome:
     mutant: str
     category: str
-    verdict: str            # killed | timed out | survived | equivalent | broken
+    verdict: str            # killed | timed out | survived | equivalent | broken | not run
     killed_by: str = ""     # the first failing test
     seconds: float = 0.0
     detail: str = ""
@@ -92,8 +92,8 @@ def judge(mutant: Mutant, args, scratch: Path) -> Outcome:
 
 
 def score(outcomes: list[Outcome]) -> tuple[int, int]:
-    """(killed, judged): hangs count as killed; equivalents are not judged."""
-    judged = [o for o in outcomes if o.verdict != "equivalent"]
+    """(killed, judged): hangs count as killed; equivalents and mutants not run are not judged."""
+    judged = [o for o in outcomes if o.verdict not in ("equivalent", "not run")]
     return sum(o.verdict in ("killed", "timed out") for o in judged), len(judged)
 
 
@@ -104,7 +104,7 @@ def write_report(outcomes: list[Outcome], out: Path, args) -> str:
     lines = [f"# Mutation score: {killed} of {judged} killed ({100 * killed / max(judged, 1):.0f}%)", "",
              f"suites: `pytest -m \"{args.marker}\" {' '.join(args.suites)} -x`", "",
              "| mutant | category | verdict | killed by | s | fault |", "|---|---|---|---|---|---|"]
-    order = {"survived": 0, "broken": 1, "timed out": 2, "killed": 3, "equivalent": 4}
+    order = {"survived": 0, "broken": 1, "timed out": 2, "killed": 3, "equivalent": 4, "not run": 5}
     for o in sorted(outcomes, key=lambda o: (order[o.verdict], o.mutant)):
         lines.append(f"| {o.mutant} | {o.category} | {o.verdict} | {o.killed_by} | {o.seconds} | {o.detail} |")
     (out / "mutants.md").write_text("\n".join(lines) + "\n")
@@ -126,6 +126,11 @@ def main(argv=None) -> int:
     parser.add_argument("-n", "--workers", type=int, default=4, help="pytest-xdist workers per mutant")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant before it counts as a hang")
     parser.add_argument("--out", default=os.environ.get("OUT") or f"frost-out/mutate-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds: start no mutant after this; the rest are listed as not run")
+    parser.add_argument("--baseline-log", metavar="LOG",
+                        help="a pytest log of these suites (or a superset) on this tree, run just before: "
+                             "judged instead of running the unmutated suites again")
     args = parser.parse_args(argv)
     args.suites = args.suites or list(DEFAULT_SUITES)
     if args.list:
@@ -137,16 +142,28 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("frost-mutate: the suites it runs need a CUDA device and none is available", file=sys.stderr)
         return 2
+    start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="frost-mutate-") as scratch:
-        returncode, output, seconds = run_suites(copy_tree(Path(scratch) / "baseline"), args)
+        if args.baseline_log:
+            returncode, output, seconds = 0, Path(args.baseline_log).read_text(errors="replace"), 0.0
+            if re.search(r"^(?:FAILED|ERROR) ", output, re.MULTILINE) or re.search(r"\b\d+ (?:failed|errors?)\b", output):
+                returncode = 1
+        else:
+            returncode, output, seconds = run_suites(copy_tree(Path(scratch) / "baseline"), args)
         if returncode != 0 or not re.search(r"\b[1-9]\d* passed", output):
             print(f"frost-mutate: the unmutated suites must pass first (exit {returncode}):\n{output[-3000:]}",
                   file=sys.stderr)
             return 2
         print(f"baseline passed in {seconds:.0f}s; judging {len(chosen)} mutants, {args.jobs} at once", flush=True)
+
+        def judge_in_budget(mutant: Mutant) -> Outcome:
+            if args.budget is not None and time.monotonic() - start > args.budget:
+                return Outcome(mutant.name, mutant.category, "not run", detail="past --budget")
+            return judge(mutant, args, Path(scratch))
+
+        outcomes = []
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            outcomes = []
-            for outcome in pool.map(lambda m: judge(m, args, Path(scratch)), chosen):
+            for outcome in pool.map(judge_in_budget, chosen):
                 print(f"{outcome.verdict:10} {outcome.mutant} {outcome.killed_by}", flush=True)
                 outcomes.append(outcome)
     print(write_report(outcomes, Path(args.out), args))

@@ -67,7 +67,8 @@ def test_classify_counts_only_failing_tests_as_kills():
 @pytest.mark.L0
 def test_score_leaves_equivalents_out_and_counts_hangs():
     outcomes = [mutate.Outcome("a", "mask", "killed"), mutate.Outcome("b", "mask", "timed out"),
-                mutate.Outcome("c", "mask", "survived"), mutate.Outcome("d", "mask", "equivalent")]
+                mutate.Outcome("c", "mask", "survived"), mutate.Outcome("d", "mask", "equivalent"),
+                mutate.Outcome("e", "mask", "not run")]
     assert mutate.score(outcomes) == (2, 3)
 
 
