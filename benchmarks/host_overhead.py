@@ -155,8 +155,37 @@ def profile(device, calls: int, path: str) -> None:
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(30)
             sections.append(f"## {device.type} {name}: {calls} calls, by {order}\n{text.getvalue()}")
+    sections.append(_phases(device, calls))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(sections))
+
+
+def _phases(device, calls: int) -> str:
+    """Host us per call of each phase of ``frost.attention`` forward+backward. cProfile sees
+    only the calling thread, and on CUDA autograd runs the backward on its device thread."""
+    q, k, v, do = _inputs(device, torch.bfloat16, requires_grad=True)
+    outs = [frost.attention(q, k, v) for _ in range(calls)]
+    cuda = device.type == "cuda"
+
+    def timed(fn) -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter_ns()
+        fn()
+        elapsed = time.perf_counter_ns() - start
+        if cuda:
+            torch.cuda.synchronize(device)
+        return elapsed / calls / 1e3
+
+    o, lse = frost.sdpa_forward(q.detach(), k.detach(), v.detach())
+    rows = {
+        "attention forward (grad on)": timed(lambda: [frost.attention(q, k, v) for _ in range(calls)]),
+        "autograd.grad of a kept output": timed(lambda: [torch.autograd.grad(x, (q, k, v), do) for x in outs]),
+        "sdpa_backward in this thread": timed(
+            lambda: [frost.sdpa_backward(do, q.detach(), k.detach(), v.detach(), o, lse) for _ in range(calls)]),
+    }
+    return f"## {device.type} phases of attention forward+backward (host us per call)\n" + "\n".join(
+        f"- {name}: {us:.1f}" for name, us in rows.items())
 
 
 def main(argv=None) -> None:
