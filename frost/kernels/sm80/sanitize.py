@@ -1,0 +1,135 @@
+"""Every SM80 kernel once per feature at a sanitizer-sized problem, for compute-sanitizer.
+
+    python3 -m frost.kernels.sm80.sanitize                # plain run first: compiles (disk cache), checks finiteness
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 \\
+        python3 -m frost.kernels.sm80.sanitize            # likewise --tool racecheck, synccheck, initcheck
+
+One small problem (one or two tiles each way, so block edges and partial tiles occur) per
+feature of the engines' rows: dense, strided views, causal top-left and bottom-right both ways,
+windows, padding, packed sequences with empty ones, GQA and MQA (split over CTAs), sinks,
+partial head dims, fp16 and bf16, both flavors. Each runs the forward, the backward in the
+default mode, and the deterministic mode both ways (the dQ recompute pass, and ordered dQ).
+The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
+every output a kernel writes is finite where the contract makes it finite.
+
+Without the caching allocator (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``) each tensor is its own
+allocation, so memcheck sees a write past any output or workspace; with it such a write lands
+in the pool and goes unseen. ``--only NAME,...`` narrows the run; ``--list`` names the features.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import frost
+from frost.engines.sm80 import Sm80Backward
+from frost.problem import prepare
+
+# name -> (shape: B, Sq, Sk, Hq, Hkv, Dqk, Dv; call keywords; input form)
+# form: "dense", "strided" (non-contiguous views), "padded" (seqlens), "packed" (cu_seqlens)
+FEATURES = {
+    "dense_d64": ((2, 130, 130, 2, 2, 64, 64), {}, "dense"),
+    "dense_d128_fp16": ((1, 70, 200, 2, 2, 128, 128), dict(dtype=torch.float16), "dense"),
+    "partial_hdim": ((1, 100, 90, 2, 2, 72, 40), {}, "dense"),
+    "strided": ((2, 129, 129, 2, 2, 64, 64), {}, "strided"),
+    "causal": ((1, 200, 200, 2, 2, 64, 64), dict(causal=True), "dense"),
+    "causal_br_short_q": ((1, 70, 260, 2, 2, 128, 128), dict(causal=True, causal_align="bottom_right"), "dense"),
+    "causal_br_long_q": ((1, 260, 70, 2, 2, 64, 64), dict(causal=True, causal_align="bottom_right"), "dense"),
+    "window": ((1, 200, 200, 2, 2, 64, 64), dict(window=(37, 5)), "dense"),
+    "window_br": ((1, 100, 260, 2, 2, 64, 64), dict(window=(30, 10), causal_align="bottom_right"), "dense"),
+    "padded": ((2, 200, 190, 2, 2, 64, 64), dict(causal=True), "padded"),
+    "packed": ((3, 160, 150, 4, 2, 64, 64), dict(causal=True, causal_align="bottom_right"), "packed"),
+    "gqa": ((1, 200, 200, 8, 2, 128, 128), dict(causal=True), "dense"),
+    "mqa": ((1, 150, 150, 6, 1, 64, 64), dict(window=(50, 0)), "dense"),
+    "sinks": ((1, 150, 100, 2, 2, 64, 64), dict(sinks=True, window=(0, 0), causal_align="bottom_right"), "dense"),
+}
+MODES = ("default", "deterministic", "ordered")
+_PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
+_PACKED_K = (5, 80, 65)
+_PADDED_Q = (200, 0)      # the padded feature's valid lengths (an empty sequence)
+_PADDED_K = (130, 190)
+
+
+def _inputs(name: str, gen: torch.Generator, device: str) -> tuple[dict, dict]:
+    """(tensors, keywords) of one feature's call."""
+    (b, sq, sk, hq, hkv, dqk, dv), keywords, form = FEATURES[name]
+    keywords = dict(keywords)
+    dtype = keywords.pop("dtype", torch.bfloat16)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
+    if form == "packed":
+        tq, tk = sum(_PACKED_Q), sum(_PACKED_K)
+        q, k, v, do = rand(tq, hq, dqk), rand(tk, hkv, dqk), rand(tk, hkv, dv), rand(tq, hq, dv)
+        keywords.update(
+            cu_seqlens_q=_offsets(_PACKED_Q, device), cu_seqlens_k=_offsets(_PACKED_K, device),
+            max_seqlen_q=max(_PACKED_Q), max_seqlen_k=max(_PACKED_K),
+        )
+    elif form == "strided":  # every tensor a view into a wider buffer (head dim not last-contiguous rows)
+        q, k, v, do = (rand(b, s, h, 2 * d)[..., :d] for s, h, d in ((sq, hq, dqk), (sk, hkv, dqk), (sk, hkv, dv),
+                                                                    (sq, hq, dv)))
+    else:
+        q, k, v, do = rand(b, sq, hq, dqk), rand(b, sk, hkv, dqk), rand(b, sk, hkv, dv), rand(b, sq, hq, dv)
+    if form == "padded":
+        keywords.update(seqlens_q=torch.tensor(_PADDED_Q, dtype=torch.int32, device=device),
+                        seqlens_k=torch.tensor(_PADDED_K, dtype=torch.int32, device=device))
+    if keywords.pop("sinks", False):
+        keywords["sinks"] = torch.randn(hq, generator=gen).to(device)
+    return dict(q=q, k=k, v=v, do=do), keywords
+
+
+def _offsets(lengths, device: str) -> torch.Tensor:
+    total, offsets = 0, [0]
+    for n in lengths:
+        total += n
+        offsets.append(total)
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", engine: str | None = "sm80") -> list[str]:
+    """Run one feature through the forward and each backward mode; the problems found (non-finite
+    outputs), as lines. ``device="cpu", engine=None`` runs the same calls on the CPU engines
+    (the ordered mode is the sm80 engine's own: give it only with that engine)."""
+    gen = torch.Generator().manual_seed(seed)
+    t, keywords = _inputs(name, gen, device)
+    problems = []
+    o, lse = frost.sdpa_forward(t["q"], t["k"], t["v"], engine=engine, **keywords)
+    problems += _non_finite(name, "forward", o=o)
+    for mode in modes:
+        call = dict(keywords, deterministic=mode != "default")
+        if mode == "ordered":
+            problem, tensors = prepare("backward", t["q"], t["k"], t["v"], o=o, lse=lse, do=t["do"], **call)
+            dq, dk, dv, _, dsinks = Sm80Backward(ordered_dq=True).compile(problem).execute(tensors)
+        else:
+            dq, dk, dv, _, dsinks = frost.sdpa_backward(t["do"], t["q"], t["k"], t["v"], o, lse, engine=engine, **call)
+        problems += _non_finite(name, mode, dq=dq, dk=dk, dv=dv, dsinks=dsinks)
+    return problems
+
+
+def _non_finite(name: str, mode: str, **outputs) -> list[str]:
+    return [f"{name} {mode}: {key} has non-finite values" for key, x in outputs.items()
+            if x is not None and not bool(torch.isfinite(x).all())]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated feature names")
+    parser.add_argument("--list", action="store_true", help="print the feature names and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(FEATURES))
+        return 0
+    if not torch.cuda.is_available():
+        print("frost.kernels.sm80.sanitize: needs a CUDA device", file=sys.stderr)
+        return 2
+    chosen = [n for n in FEATURES if not args.only or n in args.only.split(",")]
+    problems = [line for name in chosen for line in run_feature(name)]
+    print("\n".join(problems) or f"sanitize: {len(chosen)} features x (forward + {len(MODES)} backward modes) ran")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
