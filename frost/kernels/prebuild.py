@@ -119,17 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if counts["failed"] else 0
 
 
-def build_records(records, jobs: int = 1) -> dict[str, int]:
-    """Compile ``records`` (kernel params records, repeats allowed) for this process's target
-    into the disk cache, in up to ``jobs`` spawned workers, so that the compiles that follow
-    in this process are loads: what a benchmark or a suite does before it times or runs.
+def build_records(records, jobs: int = 1, arch: str | None = None) -> dict[str, int]:
+    """Compile ``records`` (kernel params records, repeats allowed) for ``arch`` (None: this
+    process's target) into the disk cache, in up to ``jobs`` spawned workers, so that the
+    compiles that follow in this process are loads: what a benchmark or a suite does before
+    it times or runs.
     Returns the counts {"compiled", "present", "failed"}; failures are printed, not raised
     (the caller's own compile reports them in context)."""
     from frost.kernels import disk_cache
     from frost.kernels.sm80.compile import target_arch
 
     root = disk_cache.cache_dir()
-    tasks = list(dict.fromkeys((record, target_arch(record)) for record in records))
+    tasks = list(dict.fromkeys((record, arch or target_arch(record)) for record in records))
     missing = [task for task in tasks if root is None or not _present(root, *task)]
     counts = {"compiled": 0, "present": len(tasks) - len(missing), "failed": 0}
     if root is None:  # nowhere to put what workers build: compiling here is all there is
