@@ -184,8 +184,15 @@ def _phases(device, calls: int) -> str:
         "sdpa_backward in this thread": timed(
             lambda: [frost.sdpa_backward(do, q.detach(), k.detach(), v.detach(), o, lse) for _ in range(calls)]),
     }
-    return f"## {device.type} phases of attention forward+backward (host us per call)\n" + "\n".join(
+    text = f"## {device.type} phases of attention forward+backward (host us per call)\n" + "\n".join(
         f"- {name}: {us:.1f}" for name, us in rows.items())
+    # torch's profiler sees every thread's operators and CUDA runtime calls (a sync would show)
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(50):
+            torch.autograd.grad(frost.attention(q, k, v), (q, k, v), do)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    return f"{text}\n\n## torch.profiler, 50 calls of attention forward+backward\n{table}"
 
 
 def main(argv=None) -> None:
