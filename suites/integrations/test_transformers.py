@@ -306,13 +306,23 @@ def _padding(lengths, total, left=False):
     return positions >= total - lengths if left else positions < lengths
 
 
+def _on_positions(mask_function, positions):
+    """``mask_function`` judged on each token's position in its own sequence instead of its index
+    in the packed row (what newer transformers call remap_positions_for_packed_sequence; written
+    here so the cases build on every transformers the adapter supports)."""
+    def remapped(batch_idx, head_idx, q_idx, kv_idx):
+        return mask_function(batch_idx, head_idx, positions[batch_idx, q_idx], positions[batch_idx, kv_idx])
+
+    return remapped
+
+
 def _mask_cases():
     from transformers import masking_utils as mu
 
     causal = mu.causal_mask_function
     packed_ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2, 2]])
     packed_positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0, 1, 2]])
-    packed = mu.and_masks(mu.remap_positions_for_packed_sequence(causal, packed_positions),
+    packed = mu.and_masks(_on_positions(causal, packed_positions),
                           mu.packed_sequence_mask_function(packed_ids))  # fmt: skip
     return {
         # name: (mask, Sq, Sk, keywords for the attention function, expected plan fields or fallback reason)

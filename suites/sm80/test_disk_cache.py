@@ -36,7 +36,9 @@ CONVERT = next(p for p in L0 if isinstance(p, BwdConvertParams))
 
 
 def _env(cache_dir: Path) -> dict[str, str]:
-    env = dict(os.environ, FROST_CACHE_DIR=str(cache_dir), CUTE_DSL_ARCH="sm_80", PYTHONPATH=str(ROOT))
+    # the checkout first, then whatever made the DSL importable here (the GPU kit puts it on PYTHONPATH)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, FROST_CACHE_DIR=str(cache_dir), CUTE_DSL_ARCH="sm_80", PYTHONPATH=path)
     env.pop("FROST_DISK_CACHE", None)
     return env
 

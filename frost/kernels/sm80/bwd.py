@@ -32,7 +32,9 @@ red.global.add.v2/v4.f32 (SM90).
 Ordered dQ (``dq_ordered``, deterministic mode): the same reductions, but each
 query block's contributions arrive in a fixed order, key blocks from the lowest
 up. Before reducing into block (h, m), thread 0 waits until the block's counter
-says every lower key block that sees it has added its share (``ordered_turn``);
+says every lower key block that sees it has added its share (``ordered_turn``;
+its first read is issued at the start of the step, so in the usual case, the
+turn already reached, the wait costs no memory round trip);
 after the dK product (under which the reductions drain) a barrier, then thread
 0 releases the counter by one. Key blocks are the grid's slowest index, lowest
 first (the heavy-first order under a causal mask), so a CTA only ever waits on
@@ -198,6 +200,11 @@ def bwd_kernel(
         gD = cute.local_tile(seqlen.lse_row(mD, batch, head), (TILE_M,), (m_block,))
         row_lse2, row_d = recompute.row_stats(gLSE2, gD, step.tScS_mn, seqlen.seqlen_q - m_block * TILE_M)
 
+        counter, seen = None, Int32(0)
+        if const_expr(ORDERED):
+            # read the block's counter now, so its latency hides under this step's products
+            counter = mdQcounters.iterator + cute.crd2idx((batch, head, m_block), mdQcounters.layout)
+            seen = peek_turn(counter, tidx)
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # this step's Q, dO landed; every warp is done with the previous step
         if i + 1 < num_steps:
@@ -214,10 +221,8 @@ def bwd_kernel(
         step.accumulate_dv(acc_dV, stage)
         if const_expr(P.reduces_dq):
             acc_dQ = step.dq_product()
-            counter = None
             if const_expr(ORDERED):
-                counter = mdQcounters.iterator + cute.crd2idx((batch, head, m_block), mdQcounters.layout)
-                wait_turn(counter, ordered_turn(mask, n_block, m_block), tidx)
+                wait_turn(counter, ordered_turn(mask, n_block, m_block), seen, tidx)
             reduce_dq(acc_dQ, seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM), tidx)
             step.accumulate_dk(acc_dK, stage)
             if const_expr(ORDERED):
@@ -410,10 +415,19 @@ def ordered_turn(mask: AttentionMask, n_block, m_block) -> Int32:
 
 
 @cute.jit
-def wait_turn(counter, turn: Int32, tidx):
-    """Thread 0 spins (acquire) until ``turn`` key blocks have released the counter; then all go."""
+def peek_turn(counter, tidx) -> Int32:
+    """Thread 0's first (acquire) read of a counter, issued early; other threads get 0."""
+    seen = Int32(0)
     if tidx == 0:
         seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+    return seen
+
+
+@cute.jit
+def wait_turn(counter, turn: Int32, seen: Int32, tidx):
+    """Thread 0 spins (acquire) until ``turn`` key blocks have released the counter, starting
+    from ``seen`` (``peek_turn``'s read: when it already suffices, nothing waits); then all go."""
+    if tidx == 0:
         while seen < turn:
             seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
     cute.arch.barrier()
