@@ -158,7 +158,9 @@ def test_thd_token_totals_and_sequence_counts_reuse_one_artifact_for_d192x128():
     fwd, bwd = Sm80Forward(), Sm80Backward()  # compile() needs no GPU; check_support would decline on CPU
     fwd.compile(_packed("forward", [96, 160]))
     plan = bwd.compile(_packed("backward", [96, 160]))
-    assert plan.params[1].flavor == "d192x128"
+    assert all(p.flavor == "d192x128" and (p.tile_hdim_qk, p.tile_hdim_v) == (192, 128) for p in plan.params)
+    keys = {key[1] for key in sm80_compile.BWD_CACHE.keys()}
+    assert set(plan.params) <= keys  # the artifacts compiled for it are keyed by exactly those records
     before = sm80_compile.FWD_CACHE.stats(), sm80_compile.BWD_CACHE.stats()
     for lengths in ([64, 256], [64, 100, 30]):
         fwd.compile(_packed("forward", lengths))

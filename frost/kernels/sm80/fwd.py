@@ -29,7 +29,8 @@ Key blocks are visited from the highest down so the only block that can run
 past the sequence end (and needs row predicates and zero fill) is the first.
 Blocks outside the visible band of the whole query tile are never visited
 (causal, windows, padding); blocks inside it take the unmasked path.
-With ``heavy_first`` (the tile policy sets it for d128 with a right window),
+With ``heavy_first`` (the tile policy sets it for every flavor but d64 under a
+right window),
 CTAs are launched heaviest (last query tile) first across the whole grid,
 which evens out its tail.
 
