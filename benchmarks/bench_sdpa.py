@@ -192,7 +192,7 @@ def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
         forced["w4"] = dict(dq_reduce_width=4)
     if hq != hkv:
         forced["nosplit"] = dict(split=1)
-    # the wide flavors run 64x64 by default; 64x128 fits shared memory for d192x128 only
+    # the wide flavors run 64x64 by default; 64x128 fits shared memory for d192x128 and d192, not d256
     tiles = ((128, 64), (64, 128)) if dqk <= 64 else ((64, 64),) if dqk <= 128 else ((64, 128),)
     for tm, tn in tiles:
         forced[f"t{tm}x{tn}"] = dict(tile_mn=(tm, tn))
@@ -210,7 +210,7 @@ def precompile(chosen, direction: str, variants: bool, jobs: int) -> None:
         _, engine, problem, _ = _plan("forward", q, k, v, causal=causal)
         records += engine.records(problem)  # a backward row runs a forward first too
         if direction in ("bwd", "both"):
-            o, lse = torch.empty_like(q), torch.empty(b, hq, s, device="cuda")
+            o, lse = torch.empty_like(do), torch.empty(b, hq, s, device="cuda")  # o: (B, S, Hq, Dv)
             kw = dict(o=o, lse=lse, do=do, causal=causal)
             _, engine, problem, _ = _plan("backward", q, k, v, **kw)
             records += engine.records(problem)
