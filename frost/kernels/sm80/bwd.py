@@ -459,6 +459,7 @@ class QdoLoads:
     @staticmethod
     def create(tidx, setup: BwdSetup, mQ, mdO, sQ, sdO, seqlen: SeqlenInfo, batch) -> "QdoLoads":
         thr = setup.gmem_tiled_copy_load.get_slice(tidx)
+        # (CPY, CPY_M, CPY_K) copy coordinates of the (TILE_M, TILE_HDIM_QK) Q and (TILE_M, TILE_HDIM_V) dO tiles
         tQcQ = thr.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM_QK)))
         tdOcdO = thr.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM_V)))
         loads = QdoLoads(
