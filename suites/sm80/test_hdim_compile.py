@@ -66,7 +66,8 @@ def test_every_admitted_head_dim_pair_lowers_on_a_covering_flavor():
             for p in records:
                 assert p.flavor == flavor_for(dqk, dv)
                 assert dqk <= p.tile_hdim_qk and dv <= p.tile_hdim_v, (dqk, dv, p)
-                for field, dim, tile in (("partial_hdim_qk", dqk, p.tile_hdim_qk), ("partial_hdim_v", dv, p.tile_hdim_v)):
+                for field, dim, tile in (("partial_hdim_qk", dqk, p.tile_hdim_qk),
+                                         ("partial_hdim_v", dv, p.tile_hdim_v)):
                     if hasattr(p, field):
                         assert getattr(p, field) == (dim < tile), (field, dqk, dv, p)
 

@@ -156,7 +156,7 @@ def fwd_params_for(
 # Each warp owns 16-row slabs of the query tile, so its accumulator of O holds 16 x tile_hdim_v
 # fp32 per slab: a 256-wide O needs 8 warps for 128 rows (or 4 for 64). The wide flavors follow
 # FlashAttention-2's SM80 choices (flash_fwd_launch_template.h, 2024): d192 and d192x128 128x64
-# with 8 warps (96 / 80 KB shared memory, one CTA of 255-register threads per SM); d256 64x64
+# with 8 warps (96 / 88 KB shared memory, one CTA of 256 threads at 206-253 registers per SM); d256 64x64
 # with 4 warps (96 KB: two CTAs per SM, FA2's pick for 228 KB-per-SM Hopper parts; its A100 pick
 # is 128x64 with 8 warps, 128 KB).
 FWD_TILES = {
