@@ -1,6 +1,6 @@
 """Side-by-side attention timings on one GPU: frost's SM80 engines against torch's backends.
 
-    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants] [--out DIR]
+    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants] [--hdims] [--out DIR]
 
 The shapes: bf16, batch x seqlen = 16k tokens, hidden 2048 (H = 2048 / D),
 head dims 64 and 128, seqlens 1k / 4k / 8k, causal and not (12 MHA shapes);
@@ -13,14 +13,21 @@ backend that refuses it gets K and V repeated to Hq heads beforehand (outside
 the timed region), and the row says so. The last line of each table is the
 minimum frost/flash ratio.
 
+``--hdims`` times the wide head-dim flavors instead: bf16, 16k tokens, d256 (8
+heads), d192x128 (Dqk 192, Dv 128) and d192 (16 heads each), seqlens 1k / 4k / 8k,
+causal and not. torch's flash backend refuses Dqk != Dv (a NaN and a note in its
+column); the minimum frost/flash ratio is over the rows it serves.
+
 ``--variants`` adds backward columns for the engine's choices, forced one at a
 time through the plan: ``det_ord`` (deterministic mode with dQ reduced in a fixed order
 instead of recomputed; ``det_ord cost`` its time over the default plan's), ``w4`` (dQ reduced 4
 floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on``
-(launch order), ``nosplit`` (GQA group unsplit).
+(launch order), ``nosplit`` (GQA group unsplit). With ``--hdims`` it adds forward
+columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
+default), launched on the same tensors.
 
-TFLOP/s = 4*B*H*S^2*D (halved for causal) / time for the forward; the backward
-counts 2.5x the forward's FLOPs. frost is timed through its public API
+TFLOP/s = 2*B*H*S^2*(Dqk + Dv) (4*B*H*S^2*D when they are equal; halved for causal) / time
+for the forward; the backward counts 2.5x the forward's FLOPs. frost is timed through its public API
 (``frost.sdpa_forward`` with preallocated outputs: validation, routing and the
 launch included) and, for reference, through its compiled plan alone.
 """
@@ -47,14 +54,31 @@ TORCH_BACKENDS = ("flash", "cudnn", "efficient")
 
 
 GQA_SHAPES = ((2, 4096, 32, 8, 128), (2, 4096, 8, 1, 128), (4, 2048, 8, 2, 64))  # B, S, Hq, Hkv, D
+HDIM_SHAPES = (((256, 256), 8), ((192, 128), 16), ((192, 192), 16))  # (Dqk, Dv), heads
 
 
-def shapes():
-    """(B, S, Hq, Hkv, D, causal): the 12 MHA shapes, then the GQA/MQA ones."""
+def shapes(hdims: bool = False):
+    """(B, S, Hq, Hkv, D, causal): the 12 MHA shapes, then the GQA/MQA ones; with ``hdims`` the wide
+    head-dim shapes instead (D a (Dqk, Dv) pair)."""
+    if hdims:
+        for (dims, h), s, causal in itertools.product(HDIM_SHAPES, (1024, 4096, 8192), (False, True)):
+            yield TOKENS // s, s, h, h, dims, causal
+        return
     for d, s, causal in itertools.product((64, 128), (1024, 4096, 8192), (False, True)):
         yield TOKENS // s, s, HIDDEN // d, HIDDEN // d, d, causal
     for (b, s, hq, hkv, d), causal in itertools.product(GQA_SHAPES, (False, True)):
         yield b, s, hq, hkv, d, causal
+
+
+def _dims(d) -> tuple[int, int]:
+    """(Dqk, Dv) of a shape's D: one head dim for both, or a pair."""
+    return (d, d) if isinstance(d, int) else tuple(d)
+
+
+def _d_name(d) -> int | str:
+    """A row's ``d``: the head dim, or ``"192x128"`` when Dqk != Dv."""
+    dqk, dv = _dims(d)
+    return dqk if dqk == dv else f"{dqk}x{dv}"
 
 
 def _bench(fn, reps_ms: int) -> float:
@@ -64,9 +88,13 @@ def _bench(fn, reps_ms: int) -> float:
 
 
 def _inputs(b, s, hq, hkv, d, grad_out=False):
-    q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    return (q, k, v, torch.randn_like(q)) if grad_out else (q, k, v)
+    dqk, dv = _dims(d)
+    q = torch.randn(b, s, hq, dqk, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, hkv, dqk, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, s, hkv, dv, device="cuda", dtype=torch.bfloat16)
+    if not grad_out:
+        return q, k, v
+    return q, k, v, torch.randn(b, s, hq, dv, device="cuda", dtype=torch.bfloat16)
 
 
 def _torch_call(backend: str, q, k, v, causal: bool):
@@ -94,7 +122,7 @@ def _torch_call(backend: str, q, k, v, causal: bool):
 
 
 def _flops(b, s, hq, d, causal):
-    return 4 * b * hq * s * s * d / (2 if causal else 1)
+    return 2 * b * hq * s * s * sum(_dims(d)) / (2 if causal else 1)
 
 
 def _plan(direction, q, k, v, **kw):
@@ -103,17 +131,25 @@ def _plan(direction, q, k, v, **kw):
     return decision, next(e for e in dispatch.engines(direction) if e.name == decision.engine), problem, tensors
 
 
-def forward_row(b, s, hq, hkv, d, causal, reps_ms: int) -> dict:
+def forward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool = False) -> dict:
     q, k, v = _inputs(b, s, hq, hkv, d)
     flops = _flops(b, s, hq, d, causal)
-    o = torch.empty_like(q)
+    o = torch.empty(*q.shape[:-1], v.shape[-1], device="cuda", dtype=q.dtype)
     lse = torch.empty(b, hq, s, device="cuda", dtype=torch.float32)
-    row = {"direction": "fwd", "d": d, "S": s, "B": b, "Hq": hq, "Hkv": hkv, "causal": causal, "notes": []}
+    row = {"direction": "fwd", "d": _d_name(d), "S": s, "B": b, "Hq": hq, "Hkv": hkv, "causal": causal, "notes": []}
     decision, engine, problem, tensors = _plan("forward", q, k, v, causal=causal)
     plan = engine.compile(problem)
     row["engine"] = decision.engine
     row["frost"] = flops / _bench(lambda: frost.sdpa_forward(q, k, v, causal=causal, out=(o, lse)), reps_ms) / 1e9
     row["frost_plan"] = flops / _bench(lambda: plan.execute(tensors, out=(o, lse)), reps_ms) / 1e9
+    if variants and decision.engine == "sdpa_fwd_sm80":
+        from frost.kernels.sm80.compile import compile_fwd, launch_fwd
+
+        for name, params in forward_variants(plan.params).items():
+            compiled = compile_fwd(params)
+            run = lambda: launch_fwd(compiled, q, k, v, o, lse, scale=problem.scale, window_left=-1,  # noqa: E731
+                                     window_right=0 if causal else -1, max_seqlen_q=s)
+            row[name] = flops / _bench(run, reps_ms) / 1e9
     for backend in TORCH_BACKENDS:
         try:
             run, _, note = _torch_call(backend, q, k, v, causal)
@@ -126,14 +162,39 @@ def forward_row(b, s, hq, hkv, d, causal, reps_ms: int) -> dict:
     return row
 
 
-def backward_variants(hq: int, hkv: int, d: int) -> dict[str, Sm80Backward]:
+FWD_VARIANT_TILES = ((128, 64, 8), (64, 64, 4), (128, 128, 8), (128, 32, 8))  # (tile_m, tile_n, warps); 64x128 spills
+
+
+def forward_variants(default) -> dict:
+    """``--hdims --variants``: the forward's params with other tiles, by column name (the wide
+    flavors only; tiles the record's validator refuses, e.g. for shared memory, are left out)."""
+    import dataclasses
+
+    if default.tile_hdim_qk <= 128:
+        return {}
+    found = {}
+    for tile_m, tile_n, warps in FWD_VARIANT_TILES:
+        if (tile_m, tile_n, warps) == (default.tile_m, default.tile_n, default.num_warps):
+            continue
+        try:
+            params = dataclasses.replace(default, tile_m=tile_m, tile_n=tile_n, num_warps=warps).validate()
+        except ValueError:
+            continue
+        found[f"f{tile_m}x{tile_n}w{warps}"] = params
+    return found
+
+
+def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
     """The forced engine choices ``--variants`` times, by column name."""
+    dqk = _dims(d)[0]
     forced = {"hf_off": dict(heavy_first=False), "hf_on": dict(heavy_first=True)}
     if torch.cuda.get_device_capability() >= (9, 0):
         forced["w4"] = dict(dq_reduce_width=4)
     if hq != hkv:
         forced["nosplit"] = dict(split=1)
-    for tm, tn in (((128, 64), (64, 128)) if d <= 64 else ((64, 64),)):
+    # the wide flavors run 64x64 by default; 64x128 fits shared memory for d192x128 and d192, not d256
+    tiles = ((128, 64), (64, 128)) if dqk <= 64 else ((64, 64),) if dqk <= 128 else ((64, 128),)
+    for tm, tn in tiles:
         forced[f"t{tm}x{tn}"] = dict(tile_mn=(tm, tn))
     return {name: Sm80Backward(**choice) for name, choice in forced.items()}
 
@@ -149,7 +210,7 @@ def precompile(chosen, direction: str, variants: bool, jobs: int) -> None:
         _, engine, problem, _ = _plan("forward", q, k, v, causal=causal)
         records += engine.records(problem)  # a backward row runs a forward first too
         if direction in ("bwd", "both"):
-            o, lse = torch.empty_like(q), torch.empty(b, hq, s, device="cuda")
+            o, lse = torch.empty_like(do), torch.empty(b, hq, s, device="cuda")  # o: (B, S, Hq, Dv)
             kw = dict(o=o, lse=lse, do=do, causal=causal)
             _, engine, problem, _ = _plan("backward", q, k, v, **kw)
             records += engine.records(problem)
@@ -158,7 +219,14 @@ def precompile(chosen, direction: str, variants: bool, jobs: int) -> None:
             if variants and isinstance(engine, Sm80Backward):
                 records += Sm80Backward(ordered_dq=True).records(det_problem)
                 for variant in backward_variants(hq, hkv, d).values():
-                    records += variant.records(problem)
+                    try:
+                        records += variant.records(problem)
+                    except ValueError:  # a tile that does not fit this flavor: backward_row skips it too
+                        pass
+        if variants and direction in ("fwd", "both"):
+            _, engine, problem, _ = _plan("forward", q, k, v, causal=causal)
+            if engine.name == "sdpa_fwd_sm80":
+                records += list(forward_variants(engine.records(problem)[0]).values())
     counts = build_records(records, jobs)
     print(f"precompile: {counts}", flush=True)
 
@@ -168,7 +236,7 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
     flops = 2.5 * _flops(b, s, hq, d, causal)
     o, lse = frost.sdpa_forward(q, k, v, causal=causal)
     grads = frost.Grads(torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-    row = {"direction": "bwd", "d": d, "S": s, "B": b, "Hq": hq, "Hkv": hkv, "causal": causal, "notes": []}
+    row = {"direction": "bwd", "d": _d_name(d), "S": s, "B": b, "Hq": hq, "Hkv": hkv, "causal": causal, "notes": []}
 
     def api(deterministic=False):
         return lambda: frost.sdpa_backward(do, q, k, v, o, lse, causal=causal, deterministic=deterministic, out=grads)
@@ -189,7 +257,11 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
         row["det_ord"] = flops / _bench(lambda: ordered.execute(det_tensors, out=grads, workspace=space), reps_ms) / 1e9
         row["det_ord cost"] = row["frost_plan"] / row["det_ord"]
         for name, variant_engine in backward_variants(hq, hkv, d).items():
-            variant = variant_engine.compile(problem)
+            try:
+                variant = variant_engine.compile(problem)
+            except ValueError as error:  # a tile that does not fit this flavor's shared memory
+                row["notes"].append(f"{name}: {str(error).rsplit(': ', 1)[-1][:60]}")
+                continue
             space = torch.empty(variant.workspace_bytes, dtype=torch.uint8, device="cuda")
             row[name] = flops / _bench(lambda: variant.execute(tensors, out=grads, workspace=space), reps_ms) / 1e9
     for backend in TORCH_BACKENDS:
@@ -211,8 +283,10 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
 
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
-    extra = [c for c in ("split", "frost_det", "det cost", "det_ord", "det_ord cost", "w4", "hf_off", "hf_on",
-                         "nosplit", "t128x64", "t64x128", "t64x64") if c in first]
+    named = ["split", "frost_det", "det cost", "det_ord", "det_ord cost", "w4", "hf_off", "hf_on", "nosplit",
+             "t128x64", "t64x128", "t64x64"]
+    named += sorted({c for r in rows for c in r if c.startswith("f") and c[1:2].isdigit()})  # forward variants
+    extra = [c for c in named if any(c in r for r in rows)]
     cols = ["direction", "B", "S", "Hq", "Hkv", "d", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS,
             "frost/flash"]
     print("| " + " | ".join(cols) + " | notes |")
@@ -221,9 +295,11 @@ def print_table(rows: list[dict]) -> None:
         cells = [f"{r[c]:.3f}" if c in ("frost/flash", "det cost", "det_ord cost") else f"{r[c]:.1f}" if isinstance(r.get(c), float)
                  else str(r.get(c, "")) for c in cols]  # fmt: skip
         print("| " + " | ".join(cells) + " | " + "; ".join(r["notes"]) + " |")
-    worst = min(rows, key=lambda r: r["frost/flash"])
-    print(f"min frost/flash ({first['direction']}): {worst['frost/flash']:.3f} at B{worst['B']} S{worst['S']} "
-          f"Hq{worst['Hq']}/{worst['Hkv']} d{worst['d']} causal={worst['causal']}")
+    served = [r for r in rows if r["frost/flash"] == r["frost/flash"]]  # flash refuses Dqk != Dv: NaN
+    if served:
+        worst = min(served, key=lambda r: r["frost/flash"])
+        print(f"min frost/flash ({first['direction']}): {worst['frost/flash']:.3f} at B{worst['B']} S{worst['S']} "
+              f"Hq{worst['Hq']}/{worst['Hkv']} d{worst['d']} causal={worst['causal']}")
     if "det cost" in first:
         print(f"max det cost ({first['direction']}): {max(r['det cost'] for r in rows):.3f}")
 
@@ -239,18 +315,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--direction", choices=["fwd", "bwd", "both"], default="both")
     parser.add_argument("--reps-ms", type=int, default=200)
-    parser.add_argument("--variants", action="store_true", help="backward: time each engine choice forced")
+    parser.add_argument("--variants", action="store_true",
+                        help="backward: time each engine choice forced; with --hdims also forward tiles")
+    parser.add_argument("--hdims", action="store_true", help="the wide head-dim shapes (d256, d192x128, d192)")
     parser.add_argument("--only", default="", help="comma list of shape indices to run (0-based, MHA then GQA)")
     parser.add_argument("--out", default=os.environ.get("OUT", "frost-out/bench"))
     parser.add_argument("--precompile", type=int, default=0, metavar="J",
                         help="first build every kernel the run needs in J parallel workers (disk cache)")
     args = parser.parse_args(argv)
-    chosen = [x for i, x in enumerate(shapes()) if not args.only or str(i) in args.only.split(",")]
+    chosen = [x for i, x in enumerate(shapes(args.hdims)) if not args.only or str(i) in args.only.split(",")]
     if args.precompile:
         precompile(chosen, args.direction, args.variants, args.precompile)
     tables = []
     if args.direction in ("fwd", "both"):
-        tables.append([_progress(forward_row(*shape, args.reps_ms)) for shape in chosen])
+        tables.append([_progress(forward_row(*shape, args.reps_ms, args.variants and args.hdims)) for shape in chosen])
     if args.direction in ("bwd", "both"):
         tables.append([_progress(backward_row(*shape, args.reps_ms, args.variants)) for shape in chosen])
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ SM80_CAPABILITIES = Capabilities(
     ),
     device_types=frozenset({"cuda"}),
     head_dim_multiple=VECTOR_ELEMENTS,
-    max_head_dim=128,
+    max_head_dim=256,  # any Dqk, Dv up to 256 (multiples of 8): config.FLAVORS covers every pair
     deterministic=True,
 )
 
@@ -229,7 +229,7 @@ class _Workspace:
         self.parts: list[tuple[str, tuple[int, ...]]] = [("d", p.lse_shape), ("lse2", p.lse_shape)]
         if main.reduces_dq:
             if p.layout == "thd":
-                accum = (p.heads_q, (p.total_q + p.batch * main.tile_m) * main.tile_hdim)
+                accum = (p.heads_q, (p.total_q + p.batch * main.tile_m) * main.tile_hdim_qk)
             else:
                 accum = (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
             self.parts.append(("dq_accum", accum))
@@ -239,8 +239,8 @@ class _Workspace:
             self.parts.append(("dsink_partial", (p.heads_q, p.batch * pre.num_m_blocks(p.seqlen_q))))
         if splits > 1:
             rows = (p.total_k,) if p.layout == "thd" else (p.batch, p.seqlen_k)
-            for name in ("dk_partial", "dv_partial"):
-                self.parts.append((name, (splits, *rows, p.heads_kv, main.tile_hdim)))
+            for name, width in (("dk_partial", main.tile_hdim_qk), ("dv_partial", main.tile_hdim_v)):
+                self.parts.append((name, (splits, *rows, p.heads_kv, width)))
         self.offsets = {}
         offset = 0
         for name, shape in self.parts:

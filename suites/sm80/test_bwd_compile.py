@@ -99,7 +99,7 @@ def test_thd_token_totals_and_sequence_counts_reuse_one_chain(deterministic):
                                                      (72, "d128", 128)])
 def test_compiled_head_dim_tile_is_the_selected_flavor(head_dim, flavor, tile):
     plan = Sm80Backward().compile(_packed_problem([33, 70], head_dim=head_dim, deterministic=True, sinks=True))
-    assert all(p.flavor == flavor and p.tile_hdim == tile for p in plan.params), plan.params
+    assert all(p.flavor == flavor and p.tile_hdim_qk == p.tile_hdim_v == tile for p in plan.params), plan.params
     # and the artifacts that were compiled for it are keyed by exactly those records
     keys = {key[1] for key in sm80_compile.BWD_CACHE.keys()}
     assert set(plan.params) <= keys

@@ -12,7 +12,7 @@ import cutlass  # noqa: E402,F401  (a hard dependency: a missing DSL fails these
 
 from frost.engines.sm80 import Sm80Forward  # noqa: E402
 from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
-from frost.kernels.sm80.config import FwdParams  # noqa: E402
+from frost.kernels.sm80.config import FLAVORS, FwdParams  # noqa: E402
 from frost.problem import Problem  # noqa: E402
 from suites.sm80.params_space import admitted_fwd_params, covering_subset  # noqa: E402
 
@@ -45,8 +45,8 @@ def test_fwd_compiles_every_admitted_combination(params):
 
 @pytest.mark.L0
 def test_admitted_space_is_what_the_row_promises():
-    # both flavors, both layouts and padding, every mask flag, sinks; nothing invalid
-    assert {p.flavor for p in ALL} == {"d64", "d128"}
+    # every flavor, both layouts and padding, every mask flag, sinks; nothing invalid
+    assert {p.flavor for p in ALL} == set(FLAVORS)
     assert {(p.layout, p.has_seqlens) for p in ALL} == {("bshd", False), ("bshd", True), ("thd", False)}
     assert all(p.validate() is p for p in ALL)
     assert len(ALL) > 100 and len(SUBSET) < 20
@@ -60,7 +60,7 @@ def test_admitted_space_is_what_the_row_promises():
         (dict(bottom_right=True, has_window_left=False, has_window_right=False), "bottom_right alignment"),
         (dict(tile_m=96), "tile_m must be"),
         (dict(tile_n=40), "tile_n must be"),
-        (dict(flavor="d256"), "flavor must be"),
+        (dict(flavor="d512"), "flavor must be"),
         (dict(tile_m=512, tile_n=256, flavor="d128"), "shared memory"),
     ],
 )

@@ -42,7 +42,8 @@ def _problem(engine, *, hq=4, hkv=4, dqk=64, dv=None, dtype=torch.bfloat16, devi
     "accepted, rejected, reason",
     [
         (dict(), dict(device="cpu"), "needs a cuda device"),
-        (dict(dqk=128), dict(dqk=136), "exceeds 128"),
+        (dict(dqk=256), dict(dqk=264), "exceeds 256"),
+        (dict(dqk=192, dv=128), dict(dqk=192, dv=264), "exceeds 256"),
         (dict(dqk=72), dict(dqk=68), "not a multiple of 8"),
         (dict(dqk=64, dv=40), dict(dqk=64, dv=36), "not a multiple of 8"),
         (dict(causal=True), dict(bias=torch.zeros(1, 4, 16, 16)), "additive bias"),

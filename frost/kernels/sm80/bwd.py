@@ -21,7 +21,7 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
     dK += dS^T.Q                    issued after the dQ reductions, which drain under it
 
 dQ goes to a flat fp32 accumulator (``seqlen.py``): each query block owns a
-chunk of ``tile_m * tile_hdim`` floats in the order of the dQ MMA's register
+chunk of ``tile_m * tile_hdim_qk`` floats in the order of the dQ MMA's register
 fragment, thread ``t``'s values ``[w*j, w*j + w)`` at ``(j * threads + t) * w``
 for reduce width ``w``. A warp's reduction covers 32 * w consecutive floats
 (whole 128-byte lines), no row guard is needed (a sequence's last chunk has
@@ -48,8 +48,12 @@ Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
 fp32 partials when split). Key rows past Sk_b inside the padded extent are
 written as zeros.
 
+Head dims: Q, K, dQ, dK are tiled to ``tile_hdim_qk`` columns, V, dO, dV to
+``tile_hdim_v`` (they differ for ``d192x128``); S = Q.K^T and dQ = dS.K, dK =
+dS^T.Q run over the first, dP = dO.V^T and dV = P^T.dO over the second.
+
 The MMA warp layouts and tiles follow FlashAttention-2's SM80 backward
-(d64: 128x128, d128: 64x128, 8 warps).
+(``config.BWD_TILES``: d64 128x128, d128 64x128, wider flavors 64x64, 8 warps).
 """
 from __future__ import annotations
 
@@ -66,7 +70,8 @@ from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, dq_accum_slice,
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
-TILE_M, TILE_N, TILE_HDIM = P.tile_m, P.tile_n, P.tile_hdim
+TILE_M, TILE_N = P.tile_m, P.tile_n
+TILE_HDIM_QK, TILE_HDIM_V = P.tile_hdim_qk, P.tile_hdim_v
 NUM_THREADS = P.num_threads
 CHECK_HDIM_QK, CHECK_HDIM_V = P.partial_hdim_qk, P.partial_hdim_v
 PACKED = P.layout == "thd"
@@ -95,9 +100,11 @@ class BwdTensors(NamedTuple):
 class BwdSetup(NamedTuple):
     """What the host builds once for every CTA: shared layouts, global copies, the three MMAs."""
 
-    sQ_layout: cute.ComposedLayout
-    sKV_layout: cute.ComposedLayout
-    sPdS_layout: cute.ComposedLayout
+    sQ_layout: cute.ComposedLayout    # (TILE_M, TILE_HDIM_QK, STAGES)
+    sdO_layout: cute.ComposedLayout   # (TILE_M, TILE_HDIM_V, STAGES)
+    sK_layout: cute.ComposedLayout    # (TILE_N, TILE_HDIM_QK)
+    sV_layout: cute.ComposedLayout    # (TILE_N, TILE_HDIM_V)
+    sPdS_layout: cute.ComposedLayout  # (TILE_M, TILE_N)
     gmem_tiled_copy_load: cute.TiledCopy
     gmem_tiled_copy_store: cute.TiledCopy
     tiled_mma_sdp: cute.TiledMma
@@ -115,11 +122,14 @@ def sdpa_bwd(
     num_splits: Int32, stream,
 ):
     setup = BwdSetup(
-        tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM, STAGES),  # (TILE_M, TILE_HDIM, STAGES): Q and dO
-        tiles.smem_layout(DTYPE, TILE_N, TILE_HDIM),
+        tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM_QK, STAGES),
+        tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM_V, STAGES),
+        tiles.smem_layout(DTYPE, TILE_N, TILE_HDIM_QK),
+        tiles.smem_layout(DTYPE, TILE_N, TILE_HDIM_V),
         tiles.smem_layout(DTYPE, TILE_M, TILE_N),
-        tiles.gmem_load_copy(DTYPE, TILE_HDIM, NUM_THREADS),
-        tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
+        # 64-column slabs whatever the width: one pair of copies serves every tile (tiles.single_mma_setup)
+        tiles.gmem_load_copy(DTYPE, TILE_HDIM_QK, NUM_THREADS),
+        tiles.gmem_store_copy(DTYPE, TILE_HDIM_QK, NUM_THREADS),
         tiles.tiled_mma(DTYPE, P.num_warps, P.warps_m_sdp),
         tiles.tiled_mma(DTYPE, P.num_warps, P.warps_n_dkv),
         tiles.tiled_mma(DTYPE, P.num_warps, P.warps_m_dq),
@@ -127,10 +137,10 @@ def sdpa_bwd(
 
     @cute.struct
     class SharedStorage:
-        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
-        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sK_layout)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sV_layout)], 1024]
         sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sQ_layout)], 1024]
-        sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sQ_layout)], 1024]
+        sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sdO_layout)], 1024]
         sP: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sPdS_layout)], 1024]
         sdS: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sPdS_layout)], 1024]
 
@@ -171,17 +181,17 @@ def bwd_kernel(
     num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
 
     storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-    sK = storage.sK.get_tensor(setup.sKV_layout)
-    sV = storage.sV.get_tensor(setup.sKV_layout)
+    sK = storage.sK.get_tensor(setup.sK_layout)
+    sV = storage.sV.get_tensor(setup.sV_layout)
     sQ = storage.sQ.get_tensor(setup.sQ_layout)
-    sdO = storage.sdO.get_tensor(setup.sQ_layout)
+    sdO = storage.sdO.get_tensor(setup.sdO_layout)
     step = QueryBlockStep.create(
         tidx, setup, sQ, sdO, sK, sV,
         storage.sP.get_tensor(setup.sPdS_layout), storage.sdS.get_tensor(setup.sPdS_layout),
     )
     loads = QdoLoads.create(tidx, setup, mQ, mdO, sQ, sdO, seqlen, batch)
-    acc_dK = cute.make_rmem_tensor(step.acc_shape_dKV, Float32)
-    acc_dV = cute.make_rmem_tensor(step.acc_shape_dKV, Float32)
+    acc_dK = cute.make_rmem_tensor(step.acc_shape_dK, Float32)
+    acc_dV = cute.make_rmem_tensor(step.acc_shape_dV, Float32)
     acc_dK.fill(0.0)
     acc_dV.fill(0.0)
 
@@ -223,7 +233,7 @@ def bwd_kernel(
             acc_dQ = step.dq_product()
             if const_expr(ORDERED):
                 wait_turn(counter, ordered_turn(mask, n_block, m_block), seen, tidx)
-            reduce_dq(acc_dQ, seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM), tidx)
+            reduce_dq(acc_dQ, seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM_QK), tidx)
             step.accumulate_dk(acc_dK, stage)
             if const_expr(ORDERED):
                 pass_turn(counter, tidx)
@@ -235,17 +245,18 @@ def bwd_kernel(
     written_rows = seqlen.rows_k - n_block * TILE_N
     if const_expr(P.split_group):
         thr_dkv = setup.tiled_mma_dkv.get_slice(tidx)
-        store_partial(thr_dkv, acc_dK, mdK, split, seqlen, batch, head_kv, n_block, written_rows)
-        store_partial(thr_dkv, acc_dV, mdV, split, seqlen, batch, head_kv, n_block, written_rows)
+        store_partial(thr_dkv, acc_dK, mdK, TILE_HDIM_QK, split, seqlen, batch, head_kv, n_block, written_rows)
+        store_partial(thr_dkv, acc_dV, mdV, TILE_HDIM_V, split, seqlen, batch, head_kv, n_block, written_rows)
     else:
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # every warp is done with sK / sV (the dQ product reads sK)
         tiles.stash_acc(setup.tiled_mma_dkv, tidx, acc_dK, sK, DTYPE)
         tiles.stash_acc(setup.tiled_mma_dkv, tidx, acc_dV, sV, DTYPE)
         cute.arch.barrier()
-        for s_tile, m_out, head_dim, check in ((sK, mdK, mQ.shape[-1], CHECK_HDIM_QK),
-                                               (sV, mdV, mV.shape[-1], CHECK_HDIM_V)):
-            g_tile = cute.local_tile(seqlen.k_rows(m_out, batch, head_kv), (TILE_N, TILE_HDIM), (n_block, 0))
+        for s_tile, m_out, width, head_dim, check in ((sK, mdK, TILE_HDIM_QK, mQ.shape[-1], CHECK_HDIM_QK),
+                                                      (sV, mdV, TILE_HDIM_V, mV.shape[-1], CHECK_HDIM_V)):
+            # (TILE_N, width): this CTA's rows of dK or dV
+            g_tile = cute.local_tile(seqlen.k_rows(m_out, batch, head_kv), (TILE_N, width), (n_block, 0))
             tiles.store_rows(setup.gmem_tiled_copy_store, tidx, s_tile, g_tile, written_rows, head_dim, check)
 
 
@@ -253,16 +264,18 @@ def bwd_kernel(
 class QueryBlockStep:
     """The MMA partitions and copies of the main loop, built once per CTA.
 
-    Shapes: score tiles (TILE_M, TILE_N) in the sdp MMA; dK, dV (TILE_N, TILE_HDIM)
-    in the dkv MMA (operands P^T, dS^T, dO^T, Q^T through ldmatrix.trans); dQ
-    (TILE_M, TILE_HDIM) in the dq MMA. Staged partitions carry a last STAGES mode.
+    Shapes: score tiles (TILE_M, TILE_N) in the sdp MMA; dK (TILE_N, TILE_HDIM_QK)
+    and dV (TILE_N, TILE_HDIM_V) in the dkv MMA (operands P^T, dS^T, dO^T, Q^T
+    through ldmatrix.trans); dQ (TILE_M, TILE_HDIM_QK) in the dq MMA. Staged
+    partitions carry a last STAGES mode.
     """
 
     tiled_mma_sdp: cute.TiledMma
     tiled_mma_dkv: cute.TiledMma
     tiled_mma_dq: cute.TiledMma
     acc_shape_S: object
-    acc_shape_dKV: object
+    acc_shape_dK: object
+    acc_shape_dV: object
     acc_shape_dQ: object
     tScS: cute.Tensor        # this thread's coordinates in the score tile
     t0ScS: cute.Tensor       # thread 0's (compile-time) coordinates
@@ -302,9 +315,9 @@ class QueryBlockStep:
         # transposed views: the operands of dV = P^T.dO, dK = dS^T.Q, dQ = dS.K
         sPt = tiles.transpose_view(sP, TILE_M, TILE_N)
         sdSt = tiles.transpose_view(sdS, TILE_M, TILE_N)
-        sQt = tiles.transpose_view(sQ, TILE_M, TILE_HDIM, STAGES)
-        sdOt = tiles.transpose_view(sdO, TILE_M, TILE_HDIM, STAGES)
-        sKt = tiles.transpose_view(sK, TILE_N, TILE_HDIM)
+        sQt = tiles.transpose_view(sQ, TILE_M, TILE_HDIM_QK, STAGES)   # (TILE_HDIM_QK, TILE_M, STAGES)
+        sdOt = tiles.transpose_view(sdO, TILE_M, TILE_HDIM_V, STAGES)  # (TILE_HDIM_V, TILE_M, STAGES)
+        sKt = tiles.transpose_view(sK, TILE_N, TILE_HDIM_QK)           # (TILE_HDIM_QK, TILE_N)
         sdp, dkv, dq = setup.tiled_mma_sdp, setup.tiled_mma_dkv, setup.tiled_mma_dq
         thr_sdp, thr_dkv, thr_dq = sdp.get_slice(tidx), dkv.get_slice(tidx), dq.get_slice(tidx)
         ld, ldt = tiles.ldmatrix_atom(DTYPE), tiles.ldmatrix_atom(DTYPE, transpose=True)
@@ -322,8 +335,9 @@ class QueryBlockStep:
         return QueryBlockStep(
             tiled_mma_sdp=sdp, tiled_mma_dkv=dkv, tiled_mma_dq=dq,
             acc_shape_S=thr_sdp.partition_shape_C((TILE_M, TILE_N)),
-            acc_shape_dKV=thr_dkv.partition_shape_C((TILE_N, TILE_HDIM)),
-            acc_shape_dQ=thr_dq.partition_shape_C((TILE_M, TILE_HDIM)),
+            acc_shape_dK=thr_dkv.partition_shape_C((TILE_N, TILE_HDIM_QK)),
+            acc_shape_dV=thr_dkv.partition_shape_C((TILE_N, TILE_HDIM_V)),
+            acc_shape_dQ=thr_dq.partition_shape_C((TILE_M, TILE_HDIM_QK)),
             tScS=tScS, t0ScS=sdp.get_slice(0).partition_C(cS), tScS_mn=tiles.acc_mn_view(tScS),
             # fragments are shaped by one stage; the staged partitions are indexed by stage
             tSrQ=thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ[None, None, 0])),
@@ -456,8 +470,8 @@ class QdoLoads:
     mdO: cute.Tensor
     tQsQ: cute.Tensor        # (CPY, CPY_M, CPY_K, STAGES)
     tQsdO: cute.Tensor
-    tQcQ: cute.Tensor
-    tQpQ: cute.Tensor
+    tQcQ: cute.Tensor        # (CPY, CPY_M, CPY_K) coordinates: rows (of Q and dO alike) and Q's columns
+    tQpQ: cute.Tensor        # head-dim predicates of Q and dO
     tQpdO: cute.Tensor
     seqlen: SeqlenInfo
     batch: Int32
@@ -465,10 +479,12 @@ class QdoLoads:
     @staticmethod
     def create(tidx, setup: BwdSetup, mQ, mdO, sQ, sdO, seqlen: SeqlenInfo, batch) -> "QdoLoads":
         thr = setup.gmem_tiled_copy_load.get_slice(tidx)
-        tQcQ = thr.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM)))
+        # (CPY, CPY_M, CPY_K) copy coordinates of the (TILE_M, TILE_HDIM_QK) Q and (TILE_M, TILE_HDIM_V) dO tiles
+        tQcQ = thr.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM_QK)))
+        tdOcdO = thr.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM_V)))
         loads = QdoLoads(
             setup.gmem_tiled_copy_load, thr, mQ, mdO, thr.partition_D(sQ), thr.partition_D(sdO), tQcQ,
-            tiles.hdim_predicate(tQcQ, mQ.shape[-1]), tiles.hdim_predicate(tQcQ, mdO.shape[-1]), seqlen, batch,
+            tiles.hdim_predicate(tQcQ, mQ.shape[-1]), tiles.hdim_predicate(tdOcdO, mdO.shape[-1]), seqlen, batch,
         )
         for stage in range(STAGES):  # plain Python: create() is traced inline, not preprocessed
             if const_expr(CHECK_HDIM_QK):
@@ -480,8 +496,9 @@ class QdoLoads:
     @cute.jit
     def issue(self, head, m_block, stage):
         rows_left = self.seqlen.seqlen_q - m_block * TILE_M
-        for m_src, t_dst, pred in ((self.mQ, self.tQsQ, self.tQpQ), (self.mdO, self.tQsdO, self.tQpdO)):
-            g = cute.local_tile(self.seqlen.q_rows(m_src, self.batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+        for m_src, t_dst, pred, width in ((self.mQ, self.tQsQ, self.tQpQ, TILE_HDIM_QK),
+                                          (self.mdO, self.tQsdO, self.tQpdO, TILE_HDIM_V)):
+            g = cute.local_tile(self.seqlen.q_rows(m_src, self.batch, head), (TILE_M, width), (m_block, 0))
             tiles.load_rows(self.gmem_tiled_copy, self.gmem_thr_copy.partition_S(g),
                             t_dst[None, None, None, stage], self.tQcQ, pred, rows_left)
 
@@ -491,28 +508,30 @@ def load_kv(gmem_tiled_copy, tidx, mK, mV, sK, sV, seqlen: SeqlenInfo, batch, he
     """The CTA's resident K and V tiles (rows past the sequence and columns past the head
     dim zero-filled, so padded keys give P = 0 and finite products)."""
     thr = gmem_tiled_copy.get_slice(tidx)
-    tKVcKV = thr.partition_S(cute.make_identity_tensor((TILE_N, TILE_HDIM)))
     keys_left = seqlen.seqlen_k - n_block * TILE_N
-    for m_src, s_dst, check in ((mK, sK, CHECK_HDIM_QK), (mV, sV, CHECK_HDIM_V)):
-        pred = tiles.hdim_predicate(tKVcKV, m_src.shape[-1])
+    for m_src, s_dst, width, check in ((mK, sK, TILE_HDIM_QK, CHECK_HDIM_QK), (mV, sV, TILE_HDIM_V, CHECK_HDIM_V)):
+        # (CPY, CPY_N, CPY_K): copy coordinates of the (TILE_N, width) tile
+        tXcX = thr.partition_S(cute.make_identity_tensor((TILE_N, width)))
+        pred = tiles.hdim_predicate(tXcX, m_src.shape[-1])
         t_dst = thr.partition_D(s_dst)
         if const_expr(check):
             tiles.zero_unpredicated(t_dst, pred)
-        g = cute.local_tile(seqlen.k_rows(m_src, batch, head_kv), (TILE_N, TILE_HDIM), (n_block, 0))
-        tiles.load_rows(gmem_tiled_copy, thr.partition_S(g), t_dst, tKVcKV, pred, keys_left)
+        g = cute.local_tile(seqlen.k_rows(m_src, batch, head_kv), (TILE_N, width), (n_block, 0))
+        tiles.load_rows(gmem_tiled_copy, thr.partition_S(g), t_dst, tXcX, pred, keys_left)
 
 
 @cute.jit
-def store_partial(thr_dkv, acc: cute.Tensor, mPart: cute.Tensor, split, seqlen: SeqlenInfo, batch, head_kv,
-                  n_block, written_rows):
-    """This split's fp32 dK or dV partial: rows [0, written_rows) of the block, every column of the tile."""
+def store_partial(thr_dkv, acc: cute.Tensor, mPart: cute.Tensor, width: cutlass.Constexpr[int], split,
+                  seqlen: SeqlenInfo, batch, head_kv, n_block, written_rows):
+    """This split's fp32 dK or dV partial: rows [0, written_rows) of the block, every column of the
+    (TILE_N, width) tile."""
     if const_expr(PACKED):
         m_rows = seqlen.k_rows(mPart[split, None, None, None], batch, head_kv)
     else:
         m_rows = seqlen.k_rows(mPart[split, None, None, None, None], batch, head_kv)
-    g_tile = cute.local_tile(m_rows, (TILE_N, TILE_HDIM), (n_block, 0))
+    g_tile = cute.local_tile(m_rows, (TILE_N, width), (n_block, 0))
     tg = thr_dkv.partition_C(g_tile)
-    tc = thr_dkv.partition_C(cute.make_identity_tensor((TILE_N, TILE_HDIM)))
+    tc = thr_dkv.partition_C(cute.make_identity_tensor((TILE_N, width)))
     for i in cutlass.range_constexpr(cute.size(acc)):
         if tc[i][0] < written_rows:
             tg[i] = acc[i]

@@ -23,7 +23,8 @@ from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, dq_accum_slice,
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
-TILE_M, TILE_HDIM, NUM_THREADS = P.tile_m, P.tile_hdim, P.num_threads
+TILE_M, NUM_THREADS = P.tile_m, P.num_threads
+TILE_HDIM_QK = P.tile_hdim_qk  # dQ's columns
 PACKED = P.layout == "thd"
 WIDTH = P.dq_reduce_width
 
@@ -40,8 +41,8 @@ def sdpa_bwd_convert(
     max_seqlen_q: Int32, stream,
 ):
     setup = ConvertSetup(
-        tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM),
-        tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
+        tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM_QK),
+        tiles.gmem_store_copy(DTYPE, TILE_HDIM_QK, NUM_THREADS),
         tiles.tiled_mma(DTYPE, P.num_warps, P.warps_m_dq),
     )
 
@@ -65,10 +66,10 @@ def convert_kernel(mdQaccum: cute.Tensor, mdQ: cute.Tensor, lengths: SeqlenTenso
     seqlen = SeqlenInfo.create(batch, mdQ, mdQ, lengths)
     written_rows = seqlen.rows_q - m_block * TILE_M
     if written_rows > 0:  # packed: blocks past this sequence's end have nothing to write
-        chunk = seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM)
+        chunk = seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM_QK)
         thr_mma = setup.tiled_mma_dq.get_slice(tidx)
-        # (frag): this thread's dQ MMA fragment of the (TILE_M, TILE_HDIM) block
-        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM)), Float32)
+        # (frag): this thread's dQ MMA fragment of the (TILE_M, TILE_HDIM_QK) block
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM_QK)), Float32)
         for j in cutlass.range_constexpr(cute.size(acc) // WIDTH):
             source = cute.make_tensor(dq_accum_slice(chunk, j, tidx, NUM_THREADS, WIDTH), cute.make_layout(WIDTH))
             cute.make_tensor(acc.iterator + WIDTH * j, cute.make_layout(WIDTH)).store(source.load() * scale)
@@ -76,6 +77,6 @@ def convert_kernel(mdQaccum: cute.Tensor, mdQ: cute.Tensor, lengths: SeqlenTenso
         sdQ = storage.sdQ.get_tensor(setup.sdQ_layout)
         tiles.stash_acc(setup.tiled_mma_dq, tidx, acc, sdQ, DTYPE)
         cute.arch.barrier()
-        g_tile = cute.local_tile(seqlen.q_rows(mdQ, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+        g_tile = cute.local_tile(seqlen.q_rows(mdQ, batch, head), (TILE_M, TILE_HDIM_QK), (m_block, 0))
         tiles.store_rows(setup.gmem_tiled_copy_store, tidx, sdQ, g_tile, written_rows, mdQ.shape[-1],
                          P.partial_hdim_qk)

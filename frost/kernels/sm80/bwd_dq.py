@@ -33,7 +33,8 @@ from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of, launc
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
-TILE_M, TILE_N, TILE_HDIM = P.tile_m, P.tile_n, P.tile_hdim
+TILE_M, TILE_N = P.tile_m, P.tile_n
+TILE_HDIM_QK, TILE_HDIM_V = P.tile_hdim_qk, P.tile_hdim_v  # Q, K, dQ; dO, V
 NUM_THREADS = P.num_threads
 CHECK_HDIM_QK, CHECK_HDIM_V = P.partial_hdim_qk, P.partial_hdim_v
 PACKED = P.layout == "thd"
@@ -71,14 +72,14 @@ def sdpa_bwd_dq(
     max_seqlen_q: Int32,
     stream,
 ):
-    setup = tiles.single_mma_setup(DTYPE, TILE_M, TILE_N, TILE_HDIM, NUM_THREADS, P.num_warps)
+    setup = tiles.single_mma_setup(DTYPE, TILE_M, TILE_N, TILE_HDIM_QK, TILE_HDIM_V, NUM_THREADS, P.num_warps)
 
     @cute.struct
     class SharedStorage:
         sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sQ_layout)], 1024]
-        sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sQ_layout)], 1024]
-        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
-        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
+        sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sO_layout)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sK_layout)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sV_layout)], 1024]
 
     num_m_blocks, num_heads, num_batch = launch_extents(mQ, mCuSeqlensQ, max_seqlen_q, TILE_M, PACKED)
     bwd_dq_kernel(
@@ -105,7 +106,7 @@ def bwd_dq_kernel(
     SharedStorage: cutlass.Constexpr,
 ):
     mQ, mK, mV, mdO, mLSE2, mD, mdQ = tensors
-    sQ_layout, sKV_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
+    sQ_layout, sK_layout, sV_layout, sdO_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
     tidx, _, _ = cute.arch.thread_idx()
     m_block, head, batch = cute.arch.block_idx()
     seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
@@ -115,29 +116,33 @@ def bwd_dq_kernel(
 
     storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
     sQ = storage.sQ.get_tensor(sQ_layout)
-    sdO = storage.sdO.get_tensor(sQ_layout)
-    sK = storage.sK.get_tensor(sKV_layout)
-    sV = storage.sV.get_tensor(sKV_layout)
-    sKt = tiles.transpose_view(sK, TILE_N, TILE_HDIM)
+    sdO = storage.sdO.get_tensor(sdO_layout)
+    sK = storage.sK.get_tensor(sK_layout)
+    sV = storage.sV.get_tensor(sV_layout)
+    sKt = tiles.transpose_view(sK, TILE_N, TILE_HDIM_QK)  # (TILE_HDIM_QK, TILE_N): K as the B operand of dS.K
 
     gmem_thr_copy = gmem_tiled_copy_load.get_slice(tidx)
-    gQ = cute.local_tile(seqlen.q_rows(mQ, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
-    gdO = cute.local_tile(seqlen.q_rows(mdO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
-    gK = cute.local_tile(seqlen.k_rows(mK, batch, head_kv), (TILE_N, TILE_HDIM), (None, 0))
-    gV = cute.local_tile(seqlen.k_rows(mV, batch, head_kv), (TILE_N, TILE_HDIM), (None, 0))
+    # (TILE_M, TILE_HDIM_QK), (TILE_M, TILE_HDIM_V); K, V: (TILE_N, width, n_blocks)
+    gQ = cute.local_tile(seqlen.q_rows(mQ, batch, head), (TILE_M, TILE_HDIM_QK), (m_block, 0))
+    gdO = cute.local_tile(seqlen.q_rows(mdO, batch, head), (TILE_M, TILE_HDIM_V), (m_block, 0))
+    gK = cute.local_tile(seqlen.k_rows(mK, batch, head_kv), (TILE_N, TILE_HDIM_QK), (None, 0))
+    gV = cute.local_tile(seqlen.k_rows(mV, batch, head_kv), (TILE_N, TILE_HDIM_V), (None, 0))
     tQsQ = gmem_thr_copy.partition_D(sQ)
     tQsdO = gmem_thr_copy.partition_D(sdO)
     tKgK = gmem_thr_copy.partition_S(gK)
     tKsK = gmem_thr_copy.partition_D(sK)
     tVgV = gmem_thr_copy.partition_S(gV)
     tVsV = gmem_thr_copy.partition_D(sV)
-    tQcQ = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM)))
-    tKVcKV = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_N, TILE_HDIM)))
+    # (CPY, CPY_M, CPY_K) copy coordinates: rows (Q's serve dO's, K's serve V's) and columns
+    tQcQ = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM_QK)))
+    tdOcdO = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM_V)))
+    tKcK = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_N, TILE_HDIM_QK)))
+    tVcV = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_N, TILE_HDIM_V)))
     head_dim_qk, head_dim_v = mQ.shape[-1], mV.shape[-1]
     tQpQ = tiles.hdim_predicate(tQcQ, head_dim_qk)
-    tQpdO = tiles.hdim_predicate(tQcQ, head_dim_v)
-    tKpK = tiles.hdim_predicate(tKVcKV, head_dim_qk)
-    tVpV = tiles.hdim_predicate(tKVcKV, head_dim_v)
+    tQpdO = tiles.hdim_predicate(tdOcdO, head_dim_v)
+    tKpK = tiles.hdim_predicate(tKcK, head_dim_qk)
+    tVpV = tiles.hdim_predicate(tVcV, head_dim_v)
 
     thr_mma = tiled_mma.get_slice(tidx)
     tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
@@ -153,7 +158,7 @@ def bwd_dq_kernel(
     tSsK = copy_B.partition_S(sK)
     tdPsV = copy_B.partition_S(sV)
     tdQsKt = copy_Bt.partition_S(sKt)
-    acc_dQ = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM)), Float32)
+    acc_dQ = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM_QK)), Float32)
     acc_dQ.fill(0.0)
 
     cS = cute.make_identity_tensor((TILE_M, TILE_N))
@@ -173,8 +178,8 @@ def bwd_dq_kernel(
     tiles.load_rows(gmem_tiled_copy_load, gmem_thr_copy.partition_S(gQ), tQsQ, tQcQ, tQpQ, rows_left)
     tiles.load_rows(gmem_tiled_copy_load, gmem_thr_copy.partition_S(gdO), tQsdO, tQcQ, tQpdO, rows_left)
     if n_block_max > n_block_min:
-        load_kv(gmem_tiled_copy_load, tKgK, tKsK, tKVcKV, tKpK, n_block_min, seqlen.seqlen_k)
-        load_kv(gmem_tiled_copy_load, tVgV, tVsV, tKVcKV, tVpV, n_block_min, seqlen.seqlen_k)
+        load_kv(gmem_tiled_copy_load, tKgK, tKsK, tKcK, tKpK, n_block_min, seqlen.seqlen_k)
+        load_kv(gmem_tiled_copy_load, tVgV, tVsV, tKcK, tVpV, n_block_min, seqlen.seqlen_k)
     cute.arch.cp_async_commit_group()
 
     gLSE2 = cute.local_tile(seqlen.lse_row(mLSE2, batch, head), (TILE_M,), (m_block,))
@@ -194,12 +199,12 @@ def bwd_dq_kernel(
 
         cute.arch.barrier()  # sV is free
         if n_block + 1 < n_block_max:
-            load_kv(gmem_tiled_copy_load, tVgV, tVsV, tKVcKV, tVpV, n_block + 1, seqlen.seqlen_k)
+            load_kv(gmem_tiled_copy_load, tVgV, tVsV, tKcK, tVpV, n_block + 1, seqlen.seqlen_k)
         cute.arch.cp_async_commit_group()
         tiles.gemm_rs(tiled_mma, acc_dQ, tiles.acc_as_operand_a(rdS), tdQrKt, tdQsKt, copy_Bt)
         cute.arch.barrier()  # sK is free
         if n_block + 1 < n_block_max:
-            load_kv(gmem_tiled_copy_load, tKgK, tKsK, tKVcKV, tKpK, n_block + 1, seqlen.seqlen_k)
+            load_kv(gmem_tiled_copy_load, tKgK, tKsK, tKcK, tKpK, n_block + 1, seqlen.seqlen_k)
         cute.arch.cp_async_commit_group()
 
     # ---- epilogue: dQ through shared memory (sQ reused) to global --------------------
@@ -208,7 +213,7 @@ def bwd_dq_kernel(
     cute.arch.barrier()
     tiles.stash_acc(tiled_mma, tidx, acc_dQ, sQ, DTYPE)
     cute.arch.barrier()
-    gdQ = cute.local_tile(seqlen.q_rows(mdQ, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+    gdQ = cute.local_tile(seqlen.q_rows(mdQ, batch, head), (TILE_M, TILE_HDIM_QK), (m_block, 0))
     tiles.store_rows(gmem_tiled_copy_store, tidx, sQ, gdQ, seqlen.rows_q - m_block * TILE_M, head_dim_qk,
                      CHECK_HDIM_QK)
 

@@ -22,7 +22,7 @@ counters, one per (sequence, head, accumulator chunk).
 
 With ``accum_tile_m`` (the default mode) it also zeroes the flat dQ
 accumulator that ``sm80/bwd`` reduces into (layout: ``seqlen.py``): CTA m
-zeroes floats ``[m, m + 1) * tile_m * tile_hdim`` of its (sequence, head)
+zeroes floats ``[m, m + 1) * tile_m * tile_hdim_qk`` of its (sequence, head)
 slab, coalesced, and the grid covers whole accumulator chunks
 (``BwdPreParams.num_m_blocks``), so no separate memset runs.
 """
@@ -40,7 +40,9 @@ from frost.kernels.sm80.softmax import LOG2_E
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
-TILE_M, TILE_HDIM, NUM_THREADS = P.tile_m, P.tile_hdim, P.num_threads
+TILE_M, NUM_THREADS = P.tile_m, P.num_threads
+TILE_HDIM_V = P.tile_hdim_v    # O and dO
+TILE_HDIM_QK = P.tile_hdim_qk  # the dQ accumulator's chunks
 PACKED = P.layout == "thd"
 ACCUM_TILE_M = P.accum_tile_m
 THREADS_PER_ROW = 8  # 64-column slab / 8 elements per 16-byte vector
@@ -84,7 +86,7 @@ def sdpa_bwd_pre(
     num_m_blocks = num_chunks * (extent_tile // TILE_M)
     bwd_pre_kernel(
         BwdPreTensors(mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum, mdQcounters),
-        tiles.gmem_store_copy(DTYPE, TILE_HDIM, NUM_THREADS),
+        tiles.gmem_store_copy(DTYPE, TILE_HDIM_V, NUM_THREADS),
     ).launch(grid=[num_m_blocks, num_heads, num_batch], block=[NUM_THREADS, 1, 1], smem=128, stream=stream)
 
 
@@ -102,13 +104,13 @@ def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
         if tidx == 0 and (m_block * TILE_M) % ACCUM_TILE_M == 0:
             mdQcounters[batch, head, m_block * TILE_M // ACCUM_TILE_M] = Int32(0)
 
-    # (TILE_M, TILE_HDIM) tiles of O and dO; read straight into registers
-    gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
-    gdO = cute.local_tile(seqlen.q_rows(mdO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+    # (TILE_M, TILE_HDIM_V) tiles of O and dO; read straight into registers
+    gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM_V), (m_block, 0))
+    gdO = cute.local_tile(seqlen.q_rows(mdO, batch, head), (TILE_M, TILE_HDIM_V), (m_block, 0))
     thr_copy = gmem_tiled_copy.get_slice(tidx)
     tOgO = thr_copy.partition_S(gO)    # (CPY, CPY_M, CPY_K)
     tOgdO = thr_copy.partition_S(gdO)
-    tOcO = thr_copy.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM)))
+    tOcO = thr_copy.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM_V)))
     tOpO = tiles.hdim_predicate(tOcO, mO.shape[-1])
     tOrO = cute.make_fragment_like(tOgO, DTYPE)
     tOrdO = cute.make_fragment_like(tOgdO, DTYPE)
@@ -164,9 +166,9 @@ def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
 def zero_accum_rows(mdQaccum: cute.Tensor, seqlen: SeqlenInfo, batch, head, m_block, tidx):
     """Zero rows [m_block, m_block + 1) * TILE_M of the (sequence, head) slab of the dQ accumulator,
     as far as its chunks reach: a warp's stores cover 32 consecutive floats."""
-    slab = seqlen.dq_accum_slab(mdQaccum, batch, head, ACCUM_TILE_M, TILE_HDIM)
+    slab = seqlen.dq_accum_slab(mdQaccum, batch, head, ACCUM_TILE_M, TILE_HDIM_QK)
     slab_rows = cute.ceil_div(seqlen.rows_q, ACCUM_TILE_M) * ACCUM_TILE_M
     if m_block * TILE_M < slab_rows:
-        part = cute.local_tile(slab, (TILE_M * TILE_HDIM,), (m_block,))
-        for i in cutlass.range_constexpr(TILE_M * TILE_HDIM // NUM_THREADS):
+        part = cute.local_tile(slab, (TILE_M * TILE_HDIM_QK,), (m_block,))
+        for i in cutlass.range_constexpr(TILE_M * TILE_HDIM_QK // NUM_THREADS):
             part[i * NUM_THREADS + tidx] = Float32(0.0)

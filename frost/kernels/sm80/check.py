@@ -52,7 +52,8 @@ class FwdCase:
 def fwd_grid() -> list[FwdCase]:
     base = FwdCase()
     cases = [base]
-    for dtype, (dqk, dv) in itertools.product(("bfloat16", "float16"), ((128, 128), (64, 64), (96, 96), (72, 40))):
+    head_dims = ((128, 128), (64, 64), (96, 96), (72, 40), (192, 128), (256, 256), (168, 168), (160, 96))
+    for dtype, (dqk, dv) in itertools.product(("bfloat16", "float16"), head_dims):
         cases.append(dataclasses.replace(base, dtype=dtype, head_dim_qk=dqk, head_dim_v=dv))
     more = [
         dict(causal=True), dict(causal=True, bottom_right=True, seqlen_q=200, seqlen_k=333),
@@ -83,6 +84,10 @@ def bwd_grid() -> list[FwdCase]:
         dict(sinks=True, window=(0, 0), bottom_right=True, seqlen_q=400, seqlen_k=100),
         dict(layout="thd", causal=True, heads_q=8, heads_kv=2),
         dict(layout="thd", window=(50, 10), sinks=True, head_dim_qk=64, head_dim_v=64),
+        # the wide flavors: d192x128, d256 (a GQA group, packed), d192 with partial tiles
+        dict(head_dim_qk=192, head_dim_v=128, causal=True), dict(head_dim_qk=160, head_dim_v=96, window=(37, 5)),
+        dict(layout="thd", causal=True, heads_q=8, heads_kv=2, head_dim_qk=256, head_dim_v=256),
+        dict(padded=True, sinks=True, head_dim_qk=168, head_dim_v=168),
     ]
     return [dataclasses.replace(base, **m) for m in more]
 

@@ -70,8 +70,8 @@ def _build_fwd(params: FwdParams, options: str):
     module = load_template(FWD_TEMPLATE, params)
     dtype = _DTYPES[params.dtype]
     packed = params.layout == "thd"
-    dim_qk = _head_dim(params.partial_hdim_qk, params.tile_hdim)
-    dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim)
+    dim_qk = _head_dim(params.partial_hdim_qk, params.tile_hdim_qk)
+    dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim_v)
     q = fake_rows_tensor(dtype, packed, dim_qk)
     k = fake_rows_tensor(dtype, packed, dim_qk)
     v = fake_rows_tensor(dtype, packed, dim_v)
@@ -103,7 +103,7 @@ def _build_bwd_pre(params: BwdPreParams, options: str):
     module = load_template(BWD_TEMPLATES[0], params)
     dtype = _DTYPES[params.dtype]
     packed = params.layout == "thd"
-    dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim)
+    dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim_v)
     o = fake_rows_tensor(dtype, packed, dim_v)
     do = fake_rows_tensor(dtype, packed, dim_v)
     lse, d, lse2 = (fake_lse_tensor(packed) for _ in range(3))
@@ -150,12 +150,12 @@ def _build_bwd(params: BwdParams, options: str):
     module = load_template(BWD_TEMPLATES[1], params)
     dtype = _DTYPES[params.dtype]
     packed = params.layout == "thd"
-    dim_qk = _head_dim(params.partial_hdim_qk, params.tile_hdim)
-    dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim)
+    dim_qk = _head_dim(params.partial_hdim_qk, params.tile_hdim_qk)
+    dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim_v)
     q, k = (fake_rows_tensor(dtype, packed, dim_qk) for _ in range(2))
     v, do = (fake_rows_tensor(dtype, packed, dim_v) for _ in range(2))
     if params.split_group:
-        dk, dv = fake_partials(packed, params.tile_hdim), fake_partials(packed, params.tile_hdim)
+        dk, dv = fake_partials(packed, params.tile_hdim_qk), fake_partials(packed, params.tile_hdim_v)
     else:
         dk, dv = fake_rows_tensor(dtype, packed, dim_qk), fake_rows_tensor(dtype, packed, dim_v)
     lse2, d = fake_lse_tensor(packed), fake_lse_tensor(packed)
@@ -180,8 +180,8 @@ def _build_bwd_dq(params: BwdDqParams, options: str):
     module = load_template(BWD_TEMPLATES[2], params)
     dtype = _DTYPES[params.dtype]
     packed = params.layout == "thd"
-    dim_qk = _head_dim(params.partial_hdim_qk, params.tile_hdim)
-    dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim)
+    dim_qk = _head_dim(params.partial_hdim_qk, params.tile_hdim_qk)
+    dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim_v)
     q, k, dq = (fake_rows_tensor(dtype, packed, dim_qk) for _ in range(3))
     v, do = (fake_rows_tensor(dtype, packed, dim_v) for _ in range(2))
     lse2, d = fake_lse_tensor(packed), fake_lse_tensor(packed)
@@ -203,7 +203,7 @@ def compile_bwd_convert(params: BwdConvertParams, arch: str | None = None):
 def _build_bwd_convert(params: BwdConvertParams, options: str):
     module = load_template(BWD_TEMPLATES[3], params)
     packed = params.layout == "thd"
-    dq = fake_rows_tensor(_DTYPES[params.dtype], packed, _head_dim(params.partial_hdim_qk, params.tile_hdim))
+    dq = fake_rows_tensor(_DTYPES[params.dtype], packed, _head_dim(params.partial_hdim_qk, params.tile_hdim_qk))
     cu_q = fake_vector(Int32) if packed else None
     return cute.compile(
         module.sdpa_bwd_convert, fake_dq_accum(packed), dq, cu_q, Float32(1.0), Int32(0),

@@ -7,16 +7,23 @@ that an engine whose Capabilities row admitted a problem never reaches a
 template that cannot compile it (a ValueError here after check_support passed
 is a bug in the row).
 
-Flavors: the head-dim tile both Q/K and V use. ``d64`` serves head dims up to
-64, ``d128`` up to 128, each a multiple of 8; a smaller head dim runs on the
-covering flavor with its extra columns predicated off.
+Flavors: the head-dim tiles of Q/K (``tile_hdim_qk``, the S = Q.K^T, dQ = dS.K
+and dK = dS^T.Q products) and of V/O/dO (``tile_hdim_v``, the O = P.V, dP =
+dO.V^T and dV = P^T.dO products). ``d64``, ``d128``, ``d192`` and ``d256`` use
+one tile for both, ``d192x128`` 192 for Q/K and 128 for V. A problem runs on the
+cheapest flavor that covers both of its head dims (``flavor_for``); head dims
+below a tile, each a multiple of 8, have their extra columns predicated off.
+Every tile is a multiple of 64, the column slab of the shared-memory swizzle
+atom and of the global copies (``tiles.py``).
 """
 from __future__ import annotations
 
 import dataclasses
 
 DTYPES = ("float16", "bfloat16")
-FLAVORS = {"d64": 64, "d128": 128}
+FLAVORS = {  # name -> (tile_hdim_qk, tile_hdim_v)
+    "d64": (64, 64), "d128": (128, 128), "d192x128": (192, 128), "d192": (192, 192), "d256": (256, 256),
+}
 LAYOUTS = ("bshd", "thd")
 HEAD_DIM_MULTIPLE = 8  # one 16-byte cp.async vector of fp16/bf16
 SMEM_BYTES_MAX = 227 * 1024  # opt-in shared memory per CTA on SM80/SM90
@@ -26,8 +33,14 @@ class _Tiles:
     """What every record derives from its ``flavor`` and ``num_warps`` fields."""
 
     @property
-    def tile_hdim(self) -> int:
-        return FLAVORS[self.flavor]
+    def tile_hdim_qk(self) -> int:
+        """Head-dim tile of Q, K, dQ, dK (the contraction of S = Q.K^T)."""
+        return FLAVORS[self.flavor][0]
+
+    @property
+    def tile_hdim_v(self) -> int:
+        """Head-dim tile of V, O, dO, dV (the contraction of dP = dO.V^T)."""
+        return FLAVORS[self.flavor][1]
 
     @property
     def num_threads(self) -> int:
@@ -46,12 +59,10 @@ def _checker(record):
 
 
 def flavor_for(head_dim_qk: int, head_dim_v: int) -> str | None:
-    """The smallest flavor covering both head dims, or None."""
-    need = max(head_dim_qk, head_dim_v)
-    for name, width in sorted(FLAVORS.items(), key=lambda kv: kv[1]):
-        if need <= width:
-            return name
-    return None
+    """The flavor with the narrowest tiles (least padded work) covering both head dims, or None:
+    e.g. 192/128 and 160/96 run on ``d192x128``, 128/192 on ``d192``, 232/64 on ``d256``."""
+    covering = [(qk + v, name) for name, (qk, v) in FLAVORS.items() if head_dim_qk <= qk and head_dim_v <= v]
+    return min(covering)[1] if covering else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +74,9 @@ class FwdParams(_Tiles):
     """
 
     dtype: str              # "float16" | "bfloat16"
-    flavor: str             # "d64" | "d128": the head-dim tile of Q/K and of V
-    partial_hdim_qk: bool   # head_dim_qk < tile: columns past it are predicated off
-    partial_hdim_v: bool    # head_dim_v < tile
+    flavor: str             # a key of FLAVORS: the head-dim tiles of Q/K and of V
+    partial_hdim_qk: bool   # head_dim_qk < tile_hdim_qk: columns past it are predicated off
+    partial_hdim_v: bool    # head_dim_v < tile_hdim_v
     tile_m: int             # query rows per CTA
     tile_n: int             # key rows per main-loop step
     num_warps: int          # warps per CTA, all along M
@@ -78,7 +89,7 @@ class FwdParams(_Tiles):
     heavy_first: bool = False  # launch query blocks longest-first across the whole grid
 
     def smem_bytes(self) -> int:
-        return 2 * self.tile_hdim * (self.tile_m + 2 * self.tile_n)
+        return 2 * (self.tile_hdim_qk * (self.tile_m + self.tile_n) + self.tile_hdim_v * self.tile_n)
 
     def validate(self) -> "FwdParams":
         def bad(rule: str):
@@ -106,6 +117,8 @@ class FwdParams(_Tiles):
             bad(f"tile_m and tile_n must be multiples of {rows_per_copy_step} (rows per gmem copy step)")
         if self.smem_bytes() > SMEM_BYTES_MAX:
             bad(f"shared memory {self.smem_bytes()} B exceeds {SMEM_BYTES_MAX} B")
+        if self.tile_hdim_v > self.tile_hdim_qk:
+            bad("tile_hdim_v must not exceed tile_hdim_qk (the epilogue stages O in Q's shared memory)")
         return self
 
 
@@ -119,20 +132,36 @@ def fwd_params_for(
     - d64 non-causal: 128x128 (S=1k: 317; 128x64 gives 311);
     - d64 causal: 128x64 (S=1k: 230 against 169 for 128x128; S=4k: equal);
     - d128: 128x64; causal launches heaviest query blocks first (S=1k: 275 against 268).
+    The wider flavors (``FWD_TILES``) are not measured yet: ``bench_sdpa.py --hdims --variants``
+    times them against the alternatives.
     """
     flavor = flavor_for(head_dim_qk, head_dim_v)
     if flavor is None:
         raise ValueError(f"no flavor covers head dims {head_dim_qk}/{head_dim_v}")
-    width = FLAVORS[flavor]
+    tile_qk, tile_v = FLAVORS[flavor]
     masked_right = window_right >= 0
-    tile_n = 128 if flavor == "d64" and not masked_right else 64
+    tile_m, tile_n, num_warps = FWD_TILES[flavor]
+    if flavor == "d64" and masked_right:
+        tile_n = 64
     return FwdParams(
-        dtype=dtype, flavor=flavor, partial_hdim_qk=head_dim_qk < width, partial_hdim_v=head_dim_v < width,
-        tile_m=128, tile_n=tile_n, num_warps=4, layout=layout, has_seqlens=has_seqlens,
+        dtype=dtype, flavor=flavor, partial_hdim_qk=head_dim_qk < tile_qk, partial_hdim_v=head_dim_v < tile_v,
+        tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, layout=layout, has_seqlens=has_seqlens,
         has_window_left=window_left >= 0, has_window_right=masked_right,
         bottom_right=bottom_right and (window_left >= 0 or masked_right), has_sinks=has_sinks,
-        heavy_first=flavor == "d128" and masked_right,
+        heavy_first=flavor != "d64" and masked_right,
     ).validate()
+
+
+# flavor -> the forward's (tile_m, tile_n, num_warps); d64 takes tile_n 64 under a right window.
+# Each warp owns 16-row slabs of the query tile, so its accumulator of O holds 16 x tile_hdim_v
+# fp32 per slab: a 256-wide O needs 8 warps for 128 rows (or 4 for 64). The wide flavors follow
+# FlashAttention-2's SM80 choices (flash_fwd_launch_template.h, 2024): d192 and d192x128 128x64
+# with 8 warps (96 / 88 KB shared memory, one CTA of 256 threads at 206-253 registers per SM); d256 64x64
+# with 4 warps (96 KB: two CTAs per SM, FA2's pick for 228 KB-per-SM Hopper parts; its A100 pick
+# is 128x64 with 8 warps, 128 KB).
+FWD_TILES = {
+    "d64": (128, 128, 4), "d128": (128, 64, 4), "d192x128": (128, 64, 8), "d192": (128, 64, 8), "d256": (64, 64, 4),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +170,7 @@ class BwdPreParams(_Tiles):
     (``accum_tile_m`` > 0) the zeroing of the default mode's flat dQ accumulator."""
 
     dtype: str
-    flavor: str             # head-dim tile of V/O/dO
+    flavor: str             # tile_hdim_v: O and dO; tile_hdim_qk: the dQ accumulator's chunks
     partial_hdim_v: bool
     layout: str
     has_seqlens: bool
@@ -223,11 +252,12 @@ class BwdParams(_Tiles):
     @property
     def dq_chunk(self) -> int:
         """fp32 elements of one query block's chunk of the flat dQ accumulator."""
-        return self.tile_m * self.tile_hdim
+        return self.tile_m * self.tile_hdim_qk
 
     def smem_bytes(self) -> int:
-        k_v = 2 * self.tile_n * self.tile_hdim
-        q_do = 2 * 2 * self.tile_m * self.tile_hdim  # Q and dO, two stages each
+        widths = self.tile_hdim_qk + self.tile_hdim_v
+        k_v = self.tile_n * widths
+        q_do = 2 * self.tile_m * widths  # Q and dO, two stages each
         p_ds = 2 * self.tile_m * self.tile_n
         return 2 * (k_v + q_do + p_ds)
 
@@ -240,8 +270,9 @@ class BwdParams(_Tiles):
         w = self.num_warps
         for name, warps, extent, other in (
             ("warps_m_sdp", self.warps_m_sdp, self.tile_m, self.tile_n),
-            ("warps_n_dkv", self.warps_n_dkv, self.tile_n, self.tile_hdim),
-            ("warps_m_dq", self.warps_m_dq, self.tile_m, self.tile_hdim),
+            ("warps_n_dkv", self.warps_n_dkv, self.tile_n, self.tile_hdim_qk),  # dK
+            ("warps_n_dkv", self.warps_n_dkv, self.tile_n, self.tile_hdim_v),   # dV
+            ("warps_m_dq", self.warps_m_dq, self.tile_m, self.tile_hdim_qk),
         ):
             if w % warps or extent % (16 * warps) or other % (16 * (w // warps)):
                 bad(f"{name}={warps} does not tile {extent}x{other} with {w} warps in 16x16 steps")
@@ -275,23 +306,36 @@ def bwd_params_for(
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
     split_group: bool = False, dq_ordered: bool = False,
 ) -> BwdParams:
-    """Lower a backward problem to the main kernel's params (FlashAttention-2's SM80 tiles:
-    d64 128x128, d128 64x128, 8 warps). ``dq_reduce_width`` and ``split_group`` are the
-    engine's choices per device and per problem size (frost/engines/sm80.py)."""
+    """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``
+    and ``split_group`` are the engine's choices per device and per problem size
+    (frost/engines/sm80.py)."""
     flavor = flavor_for(head_dim_qk, head_dim_v)
     if flavor is None:
         raise ValueError(f"no flavor covers head dims {head_dim_qk}/{head_dim_v}")
-    width = FLAVORS[flavor]
-    tile_m, warps_m_dq = (128, 4) if flavor == "d64" else (64, 2)
+    tile_qk, tile_v = FLAVORS[flavor]
+    tile_m, tile_n, warps_m_sdp, warps_n_dkv, warps_m_dq = BWD_TILES[flavor]
     return BwdParams(
-        dtype=dtype, flavor=flavor, partial_hdim_qk=head_dim_qk < width, partial_hdim_v=head_dim_v < width,
-        tile_m=tile_m, tile_n=128, num_warps=8, warps_m_sdp=2, warps_n_dkv=4, warps_m_dq=warps_m_dq,
+        dtype=dtype, flavor=flavor, partial_hdim_qk=head_dim_qk < tile_qk, partial_hdim_v=head_dim_v < tile_v,
+        tile_m=tile_m, tile_n=tile_n, num_warps=8, warps_m_sdp=warps_m_sdp, warps_n_dkv=warps_n_dkv,
+        warps_m_dq=warps_m_dq,
         layout=layout, has_seqlens=has_seqlens, has_window_left=window_left >= 0,
         has_window_right=window_right >= 0,
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
         dq_reduce_width=1 if deterministic else dq_reduce_width, split_group=split_group,
         dq_ordered=deterministic and dq_ordered, heavy_first=deterministic and dq_ordered,
     ).validate()
+
+
+# flavor -> the main backward kernel's (tile_m, tile_n, warps_m_sdp, warps_n_dkv, warps_m_dq), all
+# with 8 warps: FlashAttention-2's SM80 tiles (flash_bwd_launch_template.h, 2024), d64 128x128,
+# d128 64x128, and for head dims above 128 64x64 with S/dP split 4 x 2 and dK/dV, dQ 2 x 4 warps.
+# Per thread the wide tiles hold dK and dV (tile_n x tile_hdim / 256 fp32 each: 64 + 64 for d256)
+# across the whole loop, and a dQ product (64 for d256) at a time. Shared memory (Q and dO double
+# buffered): d192x128 136 KB, d192 160 KB, d256 208 KB.
+BWD_TILES = {
+    "d64": (128, 128, 2, 4, 4), "d128": (64, 128, 2, 4, 2),
+    "d192x128": (64, 64, 4, 2, 2), "d192": (64, 64, 4, 2, 2), "d256": (64, 64, 4, 2, 2),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,7 +363,7 @@ class BwdConvertParams(_Tiles):
         bad = _checker(self)
         if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
             bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
-        if (self.tile_m * self.tile_hdim) % (self.num_threads * self.dq_reduce_width):
+        if (self.tile_m * self.tile_hdim_qk) % (self.num_threads * self.dq_reduce_width):
             bad("the dQ chunk must split evenly into the threads' reductions")
         return self
 
@@ -355,6 +399,9 @@ class BwdDqParams(_Tiles):
             bottom_right=bwd.bottom_right, tile_n=128 if bwd.flavor == "d64" else 64,
         )
 
+    def smem_bytes(self) -> int:
+        return 2 * (self.tile_m + self.tile_n) * (self.tile_hdim_qk + self.tile_hdim_v)  # Q, dO; K, V
+
     def validate(self) -> "BwdDqParams":
         bad = _checker(self)
         if self.tile_m != 16 * self.num_warps:
@@ -362,4 +409,6 @@ class BwdDqParams(_Tiles):
         rows_per_step = self.num_threads * 8 // 64
         if self.tile_m % rows_per_step or self.tile_n % rows_per_step or self.tile_n % 16:
             bad(f"tile_m and tile_n must be multiples of {rows_per_step} and 16")
+        if self.smem_bytes() > SMEM_BYTES_MAX:
+            bad(f"shared memory {self.smem_bytes()} B exceeds {SMEM_BYTES_MAX} B")
         return self

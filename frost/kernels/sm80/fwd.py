@@ -6,9 +6,10 @@ Specialized by ``PARAMS`` (a ``config.FwdParams``, injected by
 
 Tiles (``PARAMS``): a CTA owns ``tile_m`` query rows of one head of one
 sequence; K and V stream through shared memory ``tile_n`` rows at a time;
-head dims are padded to the flavor's ``tile_hdim`` with predicated columns.
-``num_warps`` warps are stacked along M, each owning 16-row slabs, so a
-softmax row never crosses a warp.
+head dims are padded to the flavor's tiles with predicated columns, Q and K
+to ``tile_hdim_qk`` (the contraction of S = Q.K^T), V and O to
+``tile_hdim_v`` (the columns of O = P.V). ``num_warps`` warps are stacked
+along M, each owning 16-row slabs, so a softmax row never crosses a warp.
 
 Pipeline (one K buffer, one V buffer, cp.async, two barriers per key block):
 
@@ -28,7 +29,8 @@ Key blocks are visited from the highest down so the only block that can run
 past the sequence end (and needs row predicates and zero fill) is the first.
 Blocks outside the visible band of the whole query tile are never visited
 (causal, windows, padding); blocks inside it take the unmasked path.
-With ``heavy_first`` (the tile policy sets it for d128 with a right window),
+With ``heavy_first`` (the tile policy sets it for every flavor but d64 under a
+right window),
 CTAs are launched heaviest (last query tile) first across the whole grid,
 which evens out its tail.
 
@@ -59,7 +61,8 @@ from frost.kernels.sm80.softmax import OnlineSoftmax
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
-TILE_M, TILE_N, TILE_HDIM = P.tile_m, P.tile_n, P.tile_hdim
+TILE_M, TILE_N = P.tile_m, P.tile_n
+TILE_HDIM_QK, TILE_HDIM_V = P.tile_hdim_qk, P.tile_hdim_v
 NUM_THREADS = P.num_threads
 CHECK_HDIM_QK = P.partial_hdim_qk  # columns past head_dim_qk are predicated off and zeroed
 CHECK_HDIM_V = P.partial_hdim_v
@@ -96,13 +99,13 @@ def sdpa_fwd(
     stream,
 ):
     """Host side: build layouts and copies, size the grid, launch."""
-    setup = tiles.single_mma_setup(DTYPE, TILE_M, TILE_N, TILE_HDIM, NUM_THREADS, P.num_warps)
+    setup = tiles.single_mma_setup(DTYPE, TILE_M, TILE_N, TILE_HDIM_QK, TILE_HDIM_V, NUM_THREADS, P.num_warps)
 
     @cute.struct
     class SharedStorage:
-        sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sQ_layout)], 1024]
-        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
-        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sKV_layout)], 1024]
+        sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sQ_layout)], 1024]  # O in the epilogue
+        sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sK_layout)], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sV_layout)], 1024]
 
     num_m_blocks, num_heads, num_batch = launch_extents(mQ, mCuSeqlensQ, max_seqlen_q, TILE_M, PACKED)
 
@@ -133,7 +136,7 @@ def fwd_kernel(
     SharedStorage: cutlass.Constexpr,
 ):
     mQ, mK, mV, mO, mLSE, mSinks = tensors
-    sQ_layout, sKV_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
+    sQ_layout, sK_layout, sV_layout, sO_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
     tidx, _, _ = cute.arch.thread_idx()
     if const_expr(P.heavy_first):
         # the grid's slowest index walks query blocks from the last (most keys under a causal
@@ -149,17 +152,18 @@ def fwd_kernel(
     n_block_min, n_block_max = mask.n_block_range(m_block)
 
     # ---- tiles of this CTA -------------------------------------------------
-    # (TILE_M, TILE_HDIM)
-    gQ = cute.local_tile(seqlen.q_rows(mQ, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
-    # (TILE_N, TILE_HDIM, n_blocks)
-    gK = cute.local_tile(seqlen.k_rows(mK, batch, head_kv), (TILE_N, TILE_HDIM), (None, 0))
-    gV = cute.local_tile(seqlen.k_rows(mV, batch, head_kv), (TILE_N, TILE_HDIM), (None, 0))
+    # (TILE_M, TILE_HDIM_QK)
+    gQ = cute.local_tile(seqlen.q_rows(mQ, batch, head), (TILE_M, TILE_HDIM_QK), (m_block, 0))
+    # (TILE_N, TILE_HDIM_QK, n_blocks)
+    gK = cute.local_tile(seqlen.k_rows(mK, batch, head_kv), (TILE_N, TILE_HDIM_QK), (None, 0))
+    # (TILE_N, TILE_HDIM_V, n_blocks)
+    gV = cute.local_tile(seqlen.k_rows(mV, batch, head_kv), (TILE_N, TILE_HDIM_V), (None, 0))
 
     storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
     sQ = storage.sQ.get_tensor(sQ_layout)
-    sK = storage.sK.get_tensor(sKV_layout)
-    sV = storage.sV.get_tensor(sKV_layout)
-    sVt = tiles.transpose_view(sV, TILE_N, TILE_HDIM)  # (TILE_HDIM, TILE_N): V as the B operand of P.V
+    sK = storage.sK.get_tensor(sK_layout)
+    sV = storage.sV.get_tensor(sV_layout)
+    sVt = tiles.transpose_view(sV, TILE_N, TILE_HDIM_V)  # (TILE_HDIM_V, TILE_N): V as the B operand of P.V
 
     # ---- global -> shared copies -------------------------------------------
     gmem_thr_copy = gmem_tiled_copy_load.get_slice(tidx)
@@ -169,18 +173,19 @@ def fwd_kernel(
     tKsK = gmem_thr_copy.partition_D(sK)
     tVgV = gmem_thr_copy.partition_S(gV)
     tVsV = gmem_thr_copy.partition_D(sV)
-    cQ = cute.make_identity_tensor((TILE_M, TILE_HDIM))
-    cKV = cute.make_identity_tensor((TILE_N, TILE_HDIM))
-    tQcQ = gmem_thr_copy.partition_S(cQ)
-    tKVcKV = gmem_thr_copy.partition_S(cKV)
+    # (CPY, CPY_M, CPY_K) coordinates of the copies: rows for the sequence tail, columns for the
+    # head-dim predicates (K and V rows are partitioned alike, so K's row coordinates serve V's)
+    tQcQ = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_M, TILE_HDIM_QK)))
+    tKcK = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_N, TILE_HDIM_QK)))
+    tVcV = gmem_thr_copy.partition_S(cute.make_identity_tensor((TILE_N, TILE_HDIM_V)))
     head_dim_qk, head_dim_v = mQ.shape[-1], mV.shape[-1]
     tQpQ = tiles.hdim_predicate(tQcQ, head_dim_qk)
-    tKpK = tiles.hdim_predicate(tKVcKV, head_dim_qk)
-    tVpV = tiles.hdim_predicate(tKVcKV, head_dim_v)
+    tKpK = tiles.hdim_predicate(tKcK, head_dim_qk)
+    tVpV = tiles.hdim_predicate(tVcV, head_dim_v)
 
     # ---- MMA partitions and shared -> register copies ----------------------
     thr_mma = tiled_mma.get_slice(tidx)
-    acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM)), Float32)
+    acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM_V)), Float32)
     acc_O.fill(0.0)
     copy_Q = cute.make_tiled_copy_A(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
     copy_K = cute.make_tiled_copy_B(tiles.ldmatrix_atom(DTYPE), tiled_mma).get_slice(tidx)
@@ -202,7 +207,7 @@ def fwd_kernel(
         copy_K=copy_K,
         copy_Vt=copy_Vt,
         gmem_tiled_copy=gmem_tiled_copy_load,
-        tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, tKVcKV=tKVcKV, tKpK=tKpK, tVpV=tVpV,
+        tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, tKcK=tKcK, tKpK=tKpK, tVpV=tVpV,
     )
 
     # ---- prologue -----------------------------------------------------------
@@ -217,7 +222,7 @@ def fwd_kernel(
     tiles.load_rows(gmem_tiled_copy_load, tQgQ, tQsQ, tQcQ, tQpQ, seqlen.seqlen_q - m_block * TILE_M)
     if n_block_max > n_block_min:
         n_top = n_block_max - 1
-        tiles.load_rows(gmem_tiled_copy_load, tKgK[None, None, None, n_top], tKsK, tKVcKV, tKpK,
+        tiles.load_rows(gmem_tiled_copy_load, tKgK[None, None, None, n_top], tKsK, tKcK, tKpK,
                         seqlen.seqlen_k - n_top * TILE_N)
     cute.arch.cp_async_commit_group()
 
@@ -234,15 +239,16 @@ def fwd_kernel(
             step.run(n_block, n_block_min, m_block, seqlen.seqlen_k, mask, softmax, acc_O, masked=False)
 
     # ---- epilogue ------------------------------------------------------------
-    write_o_lse(tidx, acc_O, softmax, mSinks, mO, mLSE, sQ, sQ_layout, tiled_mma, gmem_tiled_copy_store,
+    write_o_lse(tidx, acc_O, softmax, mSinks, mO, mLSE, sQ, sO_layout, tiled_mma, gmem_tiled_copy_store,
                 seqlen, batch, head, m_block, head_dim_v)
 
 
 @cute.jit
 def write_o_lse(tidx, acc_O: cute.Tensor, softmax: OnlineSoftmax, mSinks, mO: cute.Tensor, mLSE: cute.Tensor,
-                sQ: cute.Tensor, sQ_layout, tiled_mma, gmem_tiled_copy_store, seqlen: SeqlenInfo, batch, head,
+                sQ: cute.Tensor, sO_layout, tiled_mma, gmem_tiled_copy_store, seqlen: SeqlenInfo, batch, head,
                 m_block, head_dim_v):
-    """Normalize O, write it through shared memory (sQ reused) to global, and write lse."""
+    """Normalize O, write it through shared memory (sQ reused: TILE_HDIM_V <= TILE_HDIM_QK) to global,
+    and write lse."""
     thr_mma = tiled_mma.get_slice(tidx)
     o_scale = cute.make_fragment_like(softmax.row_max, Float32)
     lse = cute.make_fragment_like(softmax.row_max, Float32)
@@ -250,7 +256,7 @@ def write_o_lse(tidx, acc_O: cute.Tensor, softmax: OnlineSoftmax, mSinks, mO: cu
     softmax.finalize(o_scale, lse, sink, P.has_sinks)
 
     # Rows past the valid length but inside the written range (dense padding) get o = 0, lse = -inf.
-    cO = cute.make_identity_tensor((TILE_M, TILE_HDIM))
+    cO = cute.make_identity_tensor((TILE_M, TILE_HDIM_V))
     tOcO_mn = tiles.acc_mn_view(thr_mma.partition_C(cO))
     acc_O_mn = tiles.acc_mn_view(acc_O)
     valid_rows = seqlen.seqlen_q - m_block * TILE_M
@@ -267,7 +273,7 @@ def write_o_lse(tidx, acc_O: cute.Tensor, softmax: OnlineSoftmax, mSinks, mO: cu
     # waited for it) and every warp must be done reading sQ.
     cute.arch.cp_async_wait_group(0)
     cute.arch.barrier()
-    sO = cute.make_tensor(sQ.iterator, sQ_layout)
+    sO = cute.make_tensor(sQ.iterator, sO_layout)
     smem_tiled_copy_O = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), DTYPE), tiled_mma)
     smem_thr_copy_O = smem_tiled_copy_O.get_slice(tidx)
     cute.copy(smem_thr_copy_O, smem_thr_copy_O.retile(rO), smem_thr_copy_O.partition_D(sO))
@@ -282,7 +288,7 @@ def write_o_lse(tidx, acc_O: cute.Tensor, softmax: OnlineSoftmax, mSinks, mO: cu
                 gLSE[row] = lse[r]
 
     cute.arch.barrier()  # sO complete
-    gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM), (m_block, 0))
+    gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM_V), (m_block, 0))
     tiles.store_rows(gmem_tiled_copy_store, tidx, sO, gO, written_rows, head_dim_v, CHECK_HDIM_V)
 
 
@@ -316,7 +322,7 @@ class KeyBlockStep:
     tKsK: cute.Tensor
     tVgV: cute.Tensor
     tVsV: cute.Tensor
-    tKVcKV: cute.Tensor     # copy coordinates and head-dim predicates
+    tKcK: cute.Tensor       # copy coordinates (rows of K and V alike) and head-dim predicates
     tKpK: cute.Tensor
     tVpV: cute.Tensor
 
@@ -328,7 +334,7 @@ class KeyBlockStep:
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # K[n] landed; every warp is done with sV
         if const_expr(masked):
-            tiles.load_rows(self.gmem_tiled_copy, self.tVgV[None, None, None, n_block], self.tVsV, self.tKVcKV,
+            tiles.load_rows(self.gmem_tiled_copy, self.tVgV[None, None, None, n_block], self.tVsV, self.tKcK,
                             self.tVpV, seqlen_k - n_block * TILE_N)
         else:
             tiles.copy_block(self.gmem_tiled_copy, self.tVgV[None, None, None, n_block], self.tVsV, self.tVpV,

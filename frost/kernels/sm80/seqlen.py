@@ -7,10 +7,11 @@ never touches those tensors again.
 
 The default backward's flat fp32 dQ accumulator is laid out per (sequence,
 head) as a *slab* of whole query-block *chunks* (``tile_m * tile_hdim``
-floats each, in the dQ MMA fragment's register order, see sm80/bwd.py):
-dense ``[B, H, ceil(S / tile_m) * chunk]``; packed ``[H, (T + B * tile_m) *
-tile_hdim]`` with sequence b's slab at row ``cu_seqlens_q[b] + b * tile_m``,
-so each sequence's last chunk has room to run past its end.
+floats each, ``tile_hdim`` the flavor's Q/K tile, in the dQ MMA fragment's
+register order, see sm80/bwd.py): dense ``[B, H, ceil(S / tile_m) * chunk]``;
+packed ``[H, (T + B * tile_m) * tile_hdim]`` with sequence b's slab at row
+``cu_seqlens_q[b] + b * tile_m``, so each sequence's last chunk has room to
+run past its end.
 """
 from __future__ import annotations
 

@@ -24,6 +24,10 @@ from frost.kernels.sm80.config import (
 HEAD_DIMS = {  # (head_dim_qk, head_dim_v) -> which flavor / partial flags they select
     "d64": (64, 64), "d64 partial qk": (48, 64), "d64 partial v": (64, 40), "d64 partial both": (56, 24),
     "d128": (128, 128), "d128 partial qk": (96, 128), "d128 partial v": (128, 72), "d128 partial both": (80, 88),
+    "d192x128": (192, 128), "d192x128 partial qk": (160, 128), "d192x128 partial v": (192, 96),
+    "d192x128 partial both": (136, 104),
+    "d192": (192, 192), "d192 partial qk": (176, 192), "d192 partial v": (192, 152), "d192 partial both": (168, 144),
+    "d256": (256, 256), "d256 partial qk": (232, 256), "d256 partial v": (256, 200), "d256 partial both": (200, 232),
 }
 LAYOUTS = {"bshd": ("bshd", False), "padded": ("bshd", True), "thd": ("thd", False)}
 WINDOWS = {"none": (-1, -1), "causal": (-1, 0), "left": (16, -1), "right": (-1, 16), "both": (16, 4)}

@@ -29,17 +29,23 @@ class SingleMmaSetup(NamedTuple):
     """What a host launcher builds once for every CTA of a kernel with one query tile,
     streamed key/value tiles and one MMA (the forward, the deterministic dQ pass)."""
 
-    sQ_layout: cute.ComposedLayout
-    sKV_layout: cute.ComposedLayout
+    sQ_layout: cute.ComposedLayout   # (tile_m, hdim_qk)
+    sK_layout: cute.ComposedLayout   # (tile_n, hdim_qk)
+    sV_layout: cute.ComposedLayout   # (tile_n, hdim_v)
+    sO_layout: cute.ComposedLayout   # (tile_m, hdim_v): O, dO
     gmem_tiled_copy_load: cute.TiledCopy
     gmem_tiled_copy_store: cute.TiledCopy
     tiled_mma: cute.TiledMma
 
 
-def single_mma_setup(dtype, tile_m: int, tile_n: int, hdim: int, num_threads: int, num_warps: int) -> SingleMmaSetup:
+def single_mma_setup(dtype, tile_m: int, tile_n: int, hdim_qk: int, hdim_v: int, num_threads: int,
+                     num_warps: int) -> SingleMmaSetup:
+    """The global copies move 64-column slabs whatever the tile's width (every flavor's tiles are
+    multiples of 64), so one pair serves the Q/K and the V/O tiles."""
     return SingleMmaSetup(
-        smem_layout(dtype, tile_m, hdim), smem_layout(dtype, tile_n, hdim),
-        gmem_load_copy(dtype, hdim, num_threads), gmem_store_copy(dtype, hdim, num_threads),
+        smem_layout(dtype, tile_m, hdim_qk), smem_layout(dtype, tile_n, hdim_qk),
+        smem_layout(dtype, tile_n, hdim_v), smem_layout(dtype, tile_m, hdim_v),
+        gmem_load_copy(dtype, hdim_qk, num_threads), gmem_store_copy(dtype, hdim_qk, num_threads),
         tiled_mma(dtype, num_warps),
     )
 
