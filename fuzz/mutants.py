@@ -193,9 +193,9 @@ CATALOGUE: tuple[Mutant, ...] = (
        "",
        "dP starts from whatever the registers held"),
     # ---- the flat dQ accumulator and its order ----------------------------------------------
-    _m("dq-layout-width", "dq accumulator", "bwd.py",
-       "target = g_chunk.iterator + (j * NUM_THREADS + tidx) * DQ_WIDTH",
-       "target = g_chunk.iterator + (j * NUM_THREADS + tidx)",
+    _m("dq-layout-width", "dq accumulator", "seqlen.py",  # the layout bwd and bwd_convert share
+       "return chunk.iterator + (j * threads + tidx) * width",
+       "return chunk.iterator + (j * threads + tidx)",
        "wide (v4) dQ reductions overlap each other; the scalar width is unaffected"),
     _m("dq-ordered-turn", "dq accumulator", "bwd.py",
        "    return last - n_block\n",
