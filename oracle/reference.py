@@ -44,7 +44,7 @@ from oracle.call import Call
 from oracle.rope import rotate
 from oracle.segments import Segment, bias_index, valid_rows_mask
 
-__all__ = ["Grads", "backward", "forward", "valid_rows_mask"]
+__all__ = ["Grads", "backward", "forward", "keys_seen", "valid_rows_mask"]
 
 F64 = torch.float64
 
@@ -297,3 +297,21 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, call: Call) -> Grads:
         dv[seg.k_index] = dv_seq.permute(1, 0, 2)
     return Grads(dq, dk, dv, dbias, dsinks)
 
+
+def keys_seen(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
+    """How many keys each softmax row sees: visible under the masks and not hidden by a -inf
+    bias (the sink, a logit without a key, is not counted). float64 in lse's layout
+    (``[B, Hq, Sq]`` or ``[Hq, Tq]``); 0 on padded rows, NaN on packed rows no sequence owns.
+    Takes the keywords of ``forward``; reads no q, k or v values, only their layout."""
+    call = Call.of(q, k, v, **options)
+    layout, device = call.layout, q.device
+    seen = layout.new_rows(layout.lse_shape(), 0.0, dtype=F64, device=device)
+    for seg in layout.segments:
+        visible = torch.ones(1, seg.sq, seg.sk, dtype=torch.bool, device=device)
+        mask = call.visibility.block_mask(0, seg.sq, 0, seg.sk, seg.sq, seg.sk, device)
+        if mask is not None:
+            visible = visible & mask
+        if call.bias is not None:
+            visible = visible & (call.bias[bias_index(call.bias, seg)].to(device) != float("-inf"))
+        seen[seg.lse_index] = visible.sum(-1).expand(layout.hq, seg.sq).to(F64)
+    return seen
