@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 
 import frost.engines.native as native
 import frost.engines.unfused_math as unfused_math
-from fuzz import budget, catalog, compare, limits, profiles, replay, runs, strategies
+from fuzz import budget, catalog, compare, identities, limits, profiles, replay, runs, strategies
 from fuzz import plugin as fuzz_plugin
 from fuzz.failures import PropertyFailure, reproduce_command
 from oracle import tolerance
@@ -113,6 +113,33 @@ def test_shares_count_problems_and_outputs():
     assert (shares.problems, shares.fully_judged) == (2, 1)
     assert shares.judged == {"dq": 1, "dk": 1, "dv": 2} and shares.outputs["dbias"] == 1
     assert "every output judged in 1 (50.0%)" in shares.describe()
+
+
+PADDED = Case(lengths_q=(10, 5), lengths_k=(7, 24), heads_q=4, heads_kv=2, causal=True, causal_align="bottom_right")
+
+
+@pytest.mark.parametrize("name", ["gqa_equals_repeated_kv", "batch_permutation", "row_shift_changes_nothing",
+                                  "causal_prefix_ignores_later_keys", "packed_equals_per_sequence_and_padded"])
+def test_every_padded_side_of_an_identity_carries_the_poison(name):
+    """SEMANTICS.md's garbage rows are NaN on both sides of every rewrite: a padded part is
+    marked poisoned (so the o and lse its backward is fed are NaN there too), its padded
+    q, k, v, do rows are NaN and so are its bias entries at padded positions."""
+    case = Case(**THD, heads_q=4, heads_kv=2) if name.startswith("packed") else PADDED
+    inputs = make_inputs(case)
+    padded_parts = [part for side in identities.IDENTITIES[name].sides(case, inputs) for part in side.parts
+                    if part.keywords.get("seqlens_q") is not None]
+    assert padded_parts, "no side keeps the padding"
+    for part in padded_parts:
+        assert part.poisoned
+        lengths_q, lengths_k = part.keywords["seqlens_q"].tolist(), part.keywords["seqlens_k"].tolist()
+        for b, (n_q, n_k) in enumerate(zip(lengths_q, lengths_k)):
+            assert part.q[b, n_q:].isnan().all() and part.do[b, n_q:].isnan().all()
+            assert part.k[b, n_k:].isnan().all() and part.v[b, n_k:].isnan().all()
+            bias = part.keywords.get("bias")
+            if bias is not None and bias.shape[0] > 1:
+                assert bias[b, :, n_q:].isnan().all() and bias[b, :, :, n_k:].isnan().all()
+        _, lse = runs.rounded(runs.oracle_forward(part), part)
+        assert lse[1, :, lengths_q[1]:].isnan().all()
 
 
 def test_identity_rule_takes_twice_the_allowance():
