@@ -41,7 +41,8 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from suites.harness import BIAS_PATTERNS, Case
+from frost.case import BIAS_PATTERNS
+from suites.harness import Case
 
 DTYPES = (torch.bfloat16, torch.float16)
 # Multiples of 8 up to 128 (the SM80 engines' rule), listed odd multiples first so that

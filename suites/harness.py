@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,45 +37,36 @@ import oracle.baseline
 import oracle.reference
 import oracle.tolerance
 from frost import dispatch, validation
+from frost.case import CaseFields
 from frost.dispatch import Decision
 from frost.problem import FEATURES, prepare
 from reports import records
 from suites import canaries
 
-BIAS_PATTERNS = ("BH", "B1", "1H", "11")  # which of (batch, heads) the bias has; 1 = broadcast
 _SHORT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# The fields in the order a case's id names them. The id seeds the case's tensors
+# (``_generator``), so this is the order the fields had before Case took its shared fields
+# from frost.case.CaseFields: every case, pinned fuzz failures included, keeps its numbers.
+_ID_ORDER = (
+    "dtype", "device", "layout", "batch", "seqlen_q", "seqlen_k", "lengths_q", "lengths_k", "tail_q", "tail_k",
+    "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "causal", "causal_align", "window", "bias", "bias_dtype",
+    "bias_holes", "bias_scale", "sinks", "sink_scale", "rope", "scale", "logit_scale", "strided", "poison",
+    "deterministic", "seed",
+)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Case:
-    """One problem to check. ``layout="thd"`` takes its sequence lengths from ``lengths_q``
-    and ``lengths_k``; for ``"bshd"`` those (optional) are dense padding's valid lengths."""
+@dataclass(frozen=True, kw_only=True)
+class Case(CaseFields):
+    """One problem to check: ``frost.case.CaseFields`` (sizes, layout, masks, features) plus
+    how the harness draws and runs it. ``layout="thd"`` takes its sequence lengths from
+    ``lengths_q`` and ``lengths_k``; for ``"bshd"`` those (optional) are dense padding's."""
 
     dtype: torch.dtype = torch.bfloat16
     device: str = "cpu"
-    layout: str = "bshd"
-    batch: int = 2  # bshd; thd has len(lengths_q) sequences
-    seqlen_q: int = 24  # bshd
-    seqlen_k: int = 24
-    lengths_q: tuple[int, ...] | None = None
-    lengths_k: tuple[int, ...] | None = None
-    tail_q: int = 0  # thd: rows of q past cu_seqlens_q[-1]
-    tail_k: int = 0
-    heads_q: int = 4
-    heads_kv: int = 4
-    head_dim_qk: int = 32
-    head_dim_v: int | None = None  # None: head_dim_qk
-    causal: bool = False
-    causal_align: str = "top_left"
-    window: tuple[int, int] = (-1, -1)
-    bias: str | None = None  # one of BIAS_PATTERNS
     bias_dtype: torch.dtype = torch.float32
     bias_holes: bool = False  # -inf bias entries, one query row entirely
     bias_scale: float = 1.0  # standard deviation of the bias
-    sinks: bool = False
     sink_scale: float = 2.0  # standard deviation of the sinks
-    rope: bool = False
-    scale: float | None = None
     logit_scale: float = 1.0  # multiplies q: large values stress the softmax
     strided: bool = False  # q, k, v as non-contiguous views (last dim stride 1)
     poison: bool = True  # NaN in the rows no one may read (see make_inputs)
@@ -88,16 +79,9 @@ class Case:
         if self.name:
             return self.name
         default = Case()
-        parts = [
-            f"{f.name}={_short(getattr(self, f.name))}"
-            for f in fields(self)
-            if f.name != "name" and getattr(self, f.name) != getattr(default, f.name)
-        ]
+        parts = [f"{name}={_short(getattr(self, name))}" for name in _ID_ORDER
+                 if getattr(self, name) != getattr(default, name)]  # fmt: skip
         return ",".join(parts) or "default"
-
-    @property
-    def dim_v(self) -> int:
-        return self.head_dim_v or self.head_dim_qk
 
 
 def _short(value) -> str:

@@ -23,11 +23,12 @@ pytestmark = pytest.mark.L0
 
 LOW = [torch.float16, torch.bfloat16]
 GRID = (
-    Case("causal_gqa", batch=2, sq=48, sk=48, hq=4, hkv=2, dqk=32, dv=32, causal=True, block_q=64),
-    Case("window_bias", batch=2, sq=40, sk=56, hq=4, hkv=2, dqk=32, dv=16, bias="BH", window=(5, 3),
-         block_q=64),
-    Case("bottom_right_bias_11", batch=1, sq=56, sk=40, hq=2, hkv=1, dqk=32, dv=32, bias="11",
-         causal=True, align="bottom_right", block_q=64),
+    Case("causal_gqa", batch=2, seqlen_q=48, seqlen_k=48, heads_q=4, heads_kv=2, head_dim_qk=32, head_dim_v=32,
+         causal=True, block_q=64),
+    Case("window_bias", batch=2, seqlen_q=40, seqlen_k=56, heads_q=4, heads_kv=2, head_dim_qk=32, head_dim_v=16,
+         bias="BH", window=(5, 3), block_q=64),
+    Case("bottom_right_bias_11", batch=1, seqlen_q=56, seqlen_k=40, heads_q=2, heads_kv=1, head_dim_qk=32,
+         head_dim_v=32, bias="11", causal=True, causal_align="bottom_right", block_q=64),
 )
 
 
@@ -70,8 +71,9 @@ def test_rule_passes_an_independent_engine_and_the_rounded_oracle(dtype):
     bias, sinks, RoPE): frost's unfused engine, which shares no code with the oracle or the
     baseline, and the oracle rounded to the io dtype both pass. (Not the baseline: it would be
     judged by an allowance made of its own error, which it cannot fail.)"""
-    p = build(Case("packed", layout="packed", lens_q=(9, 0, 17), lens_k=(12, 5, 20), tail=3, hq=4, hkv=2,
-                   dqk=16, dv=16, causal=True, align="bottom_right", bias="BH", sinks=True, rope="angles"),
+    p = build(Case("packed", layout="thd", lengths_q=(9, 0, 17), lengths_k=(12, 5, 20), tail_q=3, tail_k=3,
+                   heads_q=4, heads_kv=2, head_dim_qk=16, head_dim_v=16, causal=True, causal_align="bottom_right",
+                   bias="BH", sinks=True, rope=True),
               seed=42, dtype=dtype)
     o64, lse64 = reference.forward(p.q, p.k, p.v, **p.options)
     g64 = reference.backward(p.do, p.q, p.k, p.v, **p.options)
@@ -130,8 +132,8 @@ def test_rule_fails_non_finite_values(value):
 
 def test_rule_fails_a_wrong_minus_inf_lse():
     # Bottom-right causal with Sq > Sk: the first Sq - Sk rows see no key, lse = -inf.
-    case = Case("masked_rows", batch=1, sq=12, sk=8, hq=2, hkv=2, dqk=16, dv=16, causal=True,
-                align="bottom_right")
+    case = Case("masked_rows", batch=1, seqlen_q=12, seqlen_k=8, heads_q=2, heads_kv=2, head_dim_qk=16,
+                head_dim_v=16, causal=True, causal_align="bottom_right")
     p = build(case, seed=47, dtype=torch.float16)
     (o, lse), grads = _engine(p)
     assert torch.isinf(lse[0, 0, :4]).all()
@@ -260,7 +262,8 @@ def test_l2_threshold_counts_only_positions_that_are_not_fixed_zeros():
     assert not tolerance.check({"o": garbage}, {"o": ref}, {"o": base}, io_dtype=torch.float16)["o"].passed
 
 
-ONE_KEY = Case("one_key", batch=2, sq=40, sk=40, hq=4, hkv=2, dqk=32, dv=32, window=(0, 0), bias="BH", block_q=64)
+ONE_KEY = Case("one_key", batch=2, seqlen_q=40, seqlen_k=40, heads_q=4, heads_kv=2, head_dim_qk=32, head_dim_v=32,
+               window=(0, 0), bias="BH", block_q=64)
 
 
 def test_known_limit_exempts_dq_dk_dbias_where_every_row_sees_one_key():
@@ -284,21 +287,22 @@ def test_known_limit_exempts_dq_dk_dbias_where_every_row_sees_one_key():
     broken[0, 1, 0, 0] = math.nan
     assert not tolerance.check_backward(replace(grads, dq=broken), ref, base, io_dtype=torch.bfloat16,
                                         exempt=exempt)["dq"].passed
-    sinks = torch.zeros(ONE_KEY.hq)
+    sinks = torch.zeros(ONE_KEY.heads_q)
     assert tolerance.known_limit(p.q, p.k, p.v, **{**p.options, "sinks": sinks}) == {}
     assert tolerance.known_limit(p.q, p.k, p.v, **{**p.options, "window": (1, 0)}) == {}
 
 
 def test_keys_seen_counts_visible_keys_not_hidden_by_the_bias():
     """Per softmax row, in lse's layout: the masks, -inf bias entries, padding and packed tails."""
-    p = build(Case("seen", batch=2, sq=5, sk=4, hq=2, hkv=1, causal=True, align="bottom_right", bias="BH",
-                   layout="padded", lens_q=(5, 2), lens_k=(4, 3)), seed=50)
+    p = build(Case("seen", batch=2, seqlen_q=5, seqlen_k=4, heads_q=2, heads_kv=1, causal=True,
+                   causal_align="bottom_right", bias="BH", lengths_q=(5, 2), lengths_k=(4, 3)), seed=50)
     bias = p.options["bias"].clone()
     bias[1, 0, 1, 0] = -math.inf  # head 0, row 1, key 0 of sequence 1
     seen = reference.keys_seen(p.q, p.k, p.v, **{**p.options, "bias": bias})
     assert seen.shape == (2, 2, 5)
     assert seen[0, 0].tolist() == [0, 1, 2, 3, 4]  # bottom-right: Sk - Sq = -1
     assert seen[1, 0].tolist() == [2, 2, 0, 0, 0] and seen[1, 1].tolist() == [2, 3, 0, 0, 0]  # one key hidden
-    packed = build(Case("seen_packed", layout="packed", lens_q=(3, 0), lens_k=(2, 4), tail=2, window=(0, -1)))
+    packed = build(Case("seen_packed", layout="thd", lengths_q=(3, 0), lengths_k=(2, 4), tail_q=2, tail_k=2,
+                        window=(0, -1)))
     seen = reference.keys_seen(packed.q, packed.k, packed.v, **packed.options)
     assert seen[0, :3].tolist() == [2, 1, 0] and torch.isnan(seen[:, 3:]).all()
