@@ -25,7 +25,7 @@ What the strategies cover:
 Each optional feature is drawn for a third or a quarter of the problems, so that plain
 problems (which torch-sdpa and the SM80 engines accept) stay common.
 
-On the CPU every drawn problem's unread rows hold NaN (``suites.harness.make_inputs``
+Every drawn problem's unread rows hold NaN, on every device (``suites.harness.make_inputs``
 poisons padded and packed-tail rows and bias of padded positions), so every property
 also checks that garbage there changes nothing.
 
