@@ -202,10 +202,12 @@ def select(problem: Problem, *, engine: str | None = None) -> Served:
     raise RuntimeError(f"no engine accepts {problem.describe()}; declined: {declined}")
 
 
-def run(served: Served, tensors: Tensors, out=None):
+def run(served: Served, tensors: Tensors, out=None, workspace=None):
     """Execute a selected plan and record its decision once it has served the call (a
-    call that raised is not counted). Returns ``(o, lse)`` or ``Grads``."""
-    result = served.plan.execute(tensors, out=out)
+    call that raised is not counted). ``workspace``: the plan's scratch, at least
+    ``served.plan.workspace_bytes`` bytes (None: the plan allocates it; the test harness
+    passes one with guard regions). Returns ``(o, lse)`` or ``Grads``."""
+    result = served.plan.execute(tensors, out=out, workspace=workspace)
     ledger.record(served.decision, served.ledger_keys)
     return Grads(*result) if served.problem.direction == "backward" else result
 

@@ -5,7 +5,7 @@
 - ``fuzz.properties`` (agreement with the oracle, determinism, routing) and
   ``fuzz.identities`` (metamorphic rewrites), checked on the engines; ``fuzz.catalog``
   names them all; ``fuzz.compare`` is the rule the identities are judged by;
-  ``fuzz.limits`` says which backward problems the acceptance rule cannot judge;
+  ``fuzz.limits`` measures how much of what is drawn the acceptance rule judges (all of it);
 - ``fuzz.failures`` and ``fuzz.replay``: every failure prints one command that
   replays it;
 - ``fuzz.profiles`` (``ci`` / ``dev`` / ``nightly``), ``fuzz.budget`` (the wall-clock

@@ -46,8 +46,9 @@ _SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def agree(got: Mapping, want: Mapping, reference: Mapping, baseline: Mapping, *, io_dtype: torch.dtype,
-          exclude: Mapping | None = None) -> dict[str, Verdict]:
-    """Verdicts of B (``got``) against A (``want``), one per output present in both and the reference."""
+          exclude: Mapping | None = None, exempt: Mapping[str, str] | None = None) -> dict[str, Verdict]:
+    """Verdicts of B (``got``) against A (``want``), one per output present in both and the reference;
+    ``exempt`` as in ``oracle.tolerance.check`` (the known limit of A's problem)."""
     refs, bases, outs, unusable = {}, {}, {}, {}
     for name, x64 in reference.items():
         if x64 is None or got.get(name) is None or want.get(name) is None:
@@ -63,7 +64,7 @@ def agree(got: Mapping, want: Mapping, reference: Mapping, baseline: Mapping, *,
         refs[name] = torch.where(torch.isnan(x64), x64, a)
         bases[name] = a + FACTOR * (baseline[name].to(device=x64.device, dtype=torch.float64) - x64)
         outs[name] = got[name]
-    return tolerance.check(outs, refs, bases, io_dtype=io_dtype, exclude=exclude) | unusable
+    return tolerance.check(outs, refs, bases, io_dtype=io_dtype, exclude=exclude, exempt=exempt) | unusable
 
 
 def bitwise(got: torch.Tensor, want: torch.Tensor, keep: torch.Tensor) -> int:

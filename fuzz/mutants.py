@@ -193,7 +193,7 @@ CATALOGUE: tuple[Mutant, ...] = (
        "",
        "dP starts from whatever the registers held"),
     # ---- the flat dQ accumulator and its order ----------------------------------------------
-    _m("dq-layout-width", "dq accumulator", "seqlen.py",
+    _m("dq-layout-width", "dq accumulator", "seqlen.py",  # the layout bwd and bwd_convert share
        "return chunk.iterator + (j * threads + tidx) * width",
        "return chunk.iterator + (j * threads + tidx)",
        "wide (v4) dQ reductions overlap each other; the scalar width is unaffected"),

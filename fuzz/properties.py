@@ -8,9 +8,9 @@ function on one case. ``engine=None`` checks every engine of the direction whose
 first acceptor are checked too); a name checks that engine alone.
 
 - ``forward_matches_oracle`` / ``backward_matches_oracle``: the acceptance rule,
-  through ``suites.harness.check`` (poisoned outputs, untouched packed tails, records);
-  small forward outputs and unjudgeable backward problems as ``fuzz.limits`` says.
-  An engine that raises after accepting the problem fails the property too.
+  through ``suites.harness.check`` (poisoned outputs, untouched packed tails, records),
+  on every drawn problem: the only outputs left unjudged are those the contract's known
+  limit exempts (``oracle.tolerance.known_limit``). An engine that raises after accepting the problem fails the property too.
 - ``deterministic_backward_is_bitwise``: with ``deterministic=True`` two backward runs
   give the same bits for dq, dk, dv and dbias (SEMANTICS.md names those four).
 - ``routing_is_stable``: the same problem routes the same way twice, every engine
@@ -31,7 +31,7 @@ from hypothesis.control import currently_in_test_context
 
 import frost
 from frost import dispatch
-from fuzz import limits, runs
+from fuzz import runs
 from fuzz.failures import PropertyFailure
 from suites.harness import Case, check, make_inputs
 
@@ -53,11 +53,11 @@ def _engines(case: Case, direction: str, engine: str | None, *, deterministic: b
     return runs.accepting(make_inputs(case), direction, deterministic=deterministic)
 
 
-def _matches_oracle(prop: str, direction: str, case: Case, engine: str | None, l2_min_elements: int = 0) -> None:
+def _matches_oracle(prop: str, direction: str, case: Case, engine: str | None) -> None:
     ratios = []
     for name in _engines(case, direction, engine):
         try:
-            result = check(case, engine=name, directions=(direction,), l2_min_elements=l2_min_elements)
+            result = check(case, engine=name, directions=(direction,))
         except Exception as error:  # an engine that accepted the problem must not raise
             raise PropertyFailure(prop, case, name, f"{type(error).__name__}: {error}") from error
         ratios += [verdict.ratio for verdict in result.verdicts.values()]
@@ -67,9 +67,8 @@ def _matches_oracle(prop: str, direction: str, case: Case, engine: str | None, l
 
 
 def forward_matches_oracle(case: Case, engine: str | None = None) -> None:
-    """Every accepting forward engine passes the acceptance rule; outputs of fewer than
-    ``limits.MIN_ELEMENTS`` elements by its worst-element rule alone (the reason is there)."""
-    _matches_oracle("forward_matches_oracle", "forward", case, engine, limits.MIN_ELEMENTS)
+    """Every accepting forward engine passes the acceptance rule."""
+    _matches_oracle("forward_matches_oracle", "forward", case, engine)
 
 
 def backward_matches_oracle(case: Case, engine: str | None = None) -> None:

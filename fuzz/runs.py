@@ -15,6 +15,7 @@ import torch
 import frost
 import oracle.baseline
 import oracle.reference
+import oracle.tolerance
 from frost import dispatch
 from frost.dispatch import Decision
 from frost.problem import Problem
@@ -53,6 +54,11 @@ def oracle_backward(inputs: Inputs) -> dict[str, torch.Tensor | None]:
 def baseline_backward(inputs: Inputs) -> dict[str, torch.Tensor | None]:
     grads = oracle.baseline.backward(inputs.do, inputs.q, inputs.k, inputs.v, **inputs.keywords)
     return grads.as_dict()
+
+
+def known_limit(inputs: Inputs) -> dict[str, str]:
+    """The backward outputs the contract's known limit exempts for these inputs (``oracle.tolerance``)."""
+    return oracle.tolerance.known_limit(inputs.q, inputs.k, inputs.v, **inputs.keywords)
 
 
 def rounded(forward: dict[str, torch.Tensor], inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,7 +44,7 @@ from oracle.call import Call
 from oracle.rope import rotate
 from oracle.segments import Segment, bias_index, valid_rows_mask
 
-__all__ = ["Grads", "backward", "forward", "valid_rows_mask"]
+__all__ = ["Grads", "backward", "forward", "keys_seen", "valid_rows_mask"]
 
 F64 = torch.float64
 
@@ -226,6 +226,29 @@ def backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, *, scale=None, causal=
         return _backward(do, q, k, v, call)
 
 
+def _ds(blk: _Block, dp_z: Tensor, sinks: Tensor | None) -> Tensor:
+    """``ds = p (dp - D)`` of one block, in ``dp_z``'s storage (``dp_z = dp / z``).
+
+    ``dp - D`` is taken relative to each row's most probable key m: with ``c = dp_m`` and the
+    keys' weights summing to ``1 - p_sink``, ``dp_i - D = (dp_i - c) - sum_j p_j (dp_j - c)
+    + c p_sink``, whose term at m is exactly 0. Formed as ``dp_i - D``, a row whose other keys
+    weigh less than float64's epsilon loses its whole ds at m (``1 - p_m`` rounds to 0):
+    the unfiltered fuzz found dq of 1e-20 with the wrong sign on rows whose two logits
+    differ by 46, where a centered fp32 engine was right.
+    """
+    if dp_z.shape[-1] == 0:  # no key in the block: nothing to differentiate
+        return dp_z
+    c_z = dp_z.gather(-1, blk.e.argmax(dim=-1, keepdim=True))  # [Hkv, G*nb, 1]
+    dp_z.sub_(c_z)
+    dp_z.sub_(torch.matmul(blk.e.unsqueeze(-2), dp_z.unsqueeze(-1)).squeeze(-1) / blk.z)
+    if sinks is not None:
+        hkv, rows = c_z.shape[:2]
+        # exp(sink - lse) is finite: with a sink, lse >= sink
+        p_sink = torch.exp(sinks.unsqueeze(-1) - blk.lse).reshape(hkv, rows, 1)
+        dp_z.add_(c_z * p_sink)
+    return dp_z.mul_(blk.e)
+
+
 def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, call: Call) -> Grads:
     layout, device = call.layout, q.device
     dq = layout.new_rows(q.shape, 0.0, dtype=F64, device=device)
@@ -250,7 +273,7 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, call: Call) -> Grads:
             dp_z = torch.matmul(do_z, seq.v[:, blk.keys].transpose(1, 2))
             # D_i = sum_j p_ij dp_ij = sum_j e_ij (dp_ij / z_i): a batched row dot.
             d_row = torch.matmul(blk.e.unsqueeze(-2), dp_z.unsqueeze(-1)).squeeze(-1)
-            ds = dp_z.sub_(d_row / blk.z).mul_(blk.e)  # p (dp - D), in dp_z's storage
+            ds = _ds(blk, dp_z, sinks)
             dq_seq[:, :, blk.rows] = torch.matmul(ds, seq.k[:, blk.keys]).view(hkv, group, nb, dqk)
             dk_seq[:, blk.keys] += torch.matmul(ds.transpose(1, 2), blk.q)
             dv_seq[:, blk.keys] += torch.matmul(blk.e.transpose(1, 2), do_z)
@@ -273,3 +296,22 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, call: Call) -> Grads:
         dk[seg.k_index] = dk_s
         dv[seg.k_index] = dv_seq.permute(1, 0, 2)
     return Grads(dq, dk, dv, dbias, dsinks)
+
+
+def keys_seen(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
+    """How many keys each softmax row sees: visible under the masks and not hidden by a -inf
+    bias (the sink, a logit without a key, is not counted). float64 in lse's layout
+    (``[B, Hq, Sq]`` or ``[Hq, Tq]``); 0 on padded rows, NaN on packed rows no sequence owns.
+    Takes the keywords of ``forward``; reads no q, k or v values, only their layout."""
+    call = Call.of(q, k, v, **options)
+    layout, device = call.layout, q.device
+    seen = layout.new_rows(layout.lse_shape(), 0.0, dtype=F64, device=device)
+    for seg in layout.segments:
+        visible = torch.ones(1, seg.sq, seg.sk, dtype=torch.bool, device=device)
+        mask = call.visibility.block_mask(0, seg.sq, 0, seg.sk, seg.sq, seg.sk, device)
+        if mask is not None:
+            visible = visible & mask
+        if call.bias is not None:
+            visible = visible & (call.bias[bias_index(call.bias, seg)].to(device) != float("-inf"))
+        seen[seg.lse_index] = visible.sum(-1).expand(layout.hq, seg.sq).to(F64)
+    return seen

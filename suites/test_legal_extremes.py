@@ -3,7 +3,7 @@
 SEMANTICS.md, "Values the contract allows": any scale representable in float32 (zero
 and negative included), any window >= -1 (wider than the sequence = no bound). And
 "Garbage outside the valid region": rows the contract does not read may hold NaN and
-Inf and change nothing. The harness poisons those rows in every CPU case; the tests
+Inf and change nothing. The harness poisons those rows in every case, on every device; the tests
 here pin the findings that led to it, each against the float64 oracle or bit for bit.
 """
 from __future__ import annotations
@@ -154,7 +154,8 @@ def test_harness_poisons_every_unread_row():
     assert packed.q[7:].isnan().all() and not packed.q[:7].isnan().any()
     assert packed.k[7:].isnan().all() and packed.v[7:].isnan().all() and packed.do[7:].isnan().all()
     assert packed.keywords["bias"][0, :, 4:].isnan().all() and packed.keywords["bias"][0, :, :, 5:].isnan().all()
-    assert not make_inputs(Case(lengths_q=(10, 5), device="cpu", poison=False)).q.isnan().any()
+    assert not make_inputs(Case(lengths_q=(10, 5), poison=False)).q.isnan().any()
+    assert make_inputs(Case(lengths_q=(10, 5), device="meta")).poisoned  # every device, not only the CPU
 
 
 @pytest.mark.L0

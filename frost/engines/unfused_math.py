@@ -13,13 +13,20 @@ error; bf16-rounded rotated q and k put a relative error of about 1e-3 into dsin
 repeats K/V: query heads are viewed as ``[B, Hkv, G * Sq, D]`` so one matmul per kv head
 serves its whole group, and the same view sums dK and dV over the group.
 
-The backward is analytic (SEMANTICS.md's formulas), with P recomputed from the given
-lse. It takes ``D_i = sum_j p_ij dp_ij`` (fp32), which equals SEMANTICS.md's
-``do_i . o_i`` in exact arithmetic (the oracle does the same), rather than the dot
-product with the given o: that o is rounded to the io dtype, and its rounding would
-reach dsinks as a relative error of the io dtype's epsilon, several times the
-same-precision baseline's (measured: bf16, B2 Sq33 Sk47 H6/1 with a sink, dsinks off by
-4.7e-3 with ``do . o`` against 5.6e-4 for the baseline, failing the L2 rule).
+The backward is analytic (SEMANTICS.md's formulas), with P recomputed by the engine's
+own softmax of its own logits rather than from the given lse: the given lse is the
+oracle's (or another engine's) rounded to float32, and at logits of a few hundred its
+rounding, |s| * 2**-24, no longer normalizes this engine's fp32 logits, so a one-hot
+row's P is 1 + 3e-5 and dS, which must vanish there, does not (the unfiltered fuzz found
+dq 1e3 times over the rule on rows of two keys whose logits differ by hundreds). It takes
+``D_i = sum_j p_ij dp_ij`` (fp32), which equals SEMANTICS.md's ``do_i . o_i`` in exact
+arithmetic (the oracle does the same), rather than the dot product with the given o:
+that o is rounded to the io dtype, and its rounding would reach dsinks as a relative
+error of the io dtype's epsilon, several times the same-precision baseline's (measured:
+bf16, B2 Sq33 Sk47 H6/1 with a sink, dsinks off by 4.7e-3 with ``do . o`` against 5.6e-4
+for the baseline, failing the L2 rule). ``dp - D`` is taken relative to each row's most
+probable key (``_centered_ds``), so a peaked row keeps its small dS instead of losing it
+to cancellation.
 A sink joins the softmax as one extra logit column that
 carries no value, which also keeps rows with no visible key finite: they get
 ``o = 0``, ``lse = -inf`` (or the sink) and zero gradients.
@@ -67,8 +74,8 @@ def forward(problem: Problem, block: Block) -> tuple[torch.Tensor, torch.Tensor]
     return o.view(batch, heads_q, seqlen_q, block.v.shape[-1]).transpose(1, 2), lse
 
 
-def backward(problem: Problem, block: Block, lse: torch.Tensor, do: torch.Tensor) -> BlockGrads:
-    """Gradients of one block from its lse ``[B, Hq, Sq]`` and do ``[B, Sq, Hq, Dv]``."""
+def backward(problem: Problem, block: Block, do: torch.Tensor) -> BlockGrads:
+    """Gradients of one block from do ``[B, Sq, Hq, Dv]`` (P and lse recomputed, see the module)."""
     block = _without_garbage(block)
     do = _zero_padded_rows(do, block.lens_q)
     q, k = _rotated(block)
@@ -77,19 +84,16 @@ def backward(problem: Problem, block: Block, lse: torch.Tensor, do: torch.Tensor
     seqlen_k = k.shape[1]
     group = problem.group_size
     s = _scores(problem, block, q, k)
-    wide = s.dtype == torch.float64
-    if wide:
-        # Logits beyond float32's reach (``_wide_logits``): the given fp32 lse is off by far
-        # more than one logit's worth at that magnitude (exp(s - lse) overflows), so P comes
-        # from the float64 logits themselves.
-        p, lse = _softmax(problem, block, s)
+    wide = s.dtype == torch.float64  # logits beyond float32's reach (``_wide_logits``)
+    p, lse = _softmax(problem, block, s)
     lse = lse.unsqueeze(-1)
-    if not wide:
-        p = torch.where(torch.isfinite(lse) & (s > _NEG_INF), torch.exp(s - lse), 0.0)
     do_kv = _by_kv_head(_heads_first(do), group)  # [B, Hkv, G*Sq, Dv]
     dp = (do_kv.float() @ _heads_first(block.v).float().transpose(-1, -2)).view(batch, heads_q, seqlen_q, seqlen_k)
     delta = (p * dp).sum(dim=-1, keepdim=True)  # D: [B, Hq, Sq, 1]
-    ds = p * (dp - delta)
+    sink_weight = None
+    if block.sinks is not None:
+        sink_weight = torch.where(torch.isfinite(lse), torch.exp(block.sinks.view(1, -1, 1, 1) - lse), 0.0)
+    ds = _centered_ds(p, dp, sink_weight)
     # A wide scale multiplies after the products (and RoPE's rotation back): scaled first,
     # dS would overflow the io dtype and its infinities meet as inf - inf = NaN.
     ds_kv = _by_kv_head((ds if wide else ds * problem.scale).to(io), group)  # [B, Hkv, G*Sq, Sk]
@@ -103,12 +107,27 @@ def backward(problem: Problem, block: Block, lse: torch.Tensor, do: torch.Tensor
     if wide:
         dq, dk = (dq * problem.scale).to(io), (dk * problem.scale).to(io)
     dbias = None if block.bias is None else _sum_to(ds, block.bias.shape)
-    dsinks = None
-    if block.sinks is not None:
-        sink = block.sinks.view(1, -1, 1, 1)
-        weight = torch.where(torch.isfinite(lse), torch.exp(sink - lse), 0.0)
-        dsinks = -(weight * delta).sum(dim=(0, 2, 3))
+    dsinks = None if sink_weight is None else -(sink_weight * delta).sum(dim=(0, 2, 3))
     return BlockGrads(dq, dk, dv, dbias, dsinks)
+
+
+def _centered_ds(p: torch.Tensor, dp: torch.Tensor, sink_weight: torch.Tensor | None) -> torch.Tensor:
+    """``dS = P (dP - D)`` with ``dP - D`` taken relative to each row's most probable key m.
+
+    With ``c = dP_m`` and the keys' weights summing to ``1 - p_sink``,
+    ``dP_i - D = (dP_i - c) - sum_j p_j (dP_j - c) + c p_sink``, whose term at m is exactly
+    0. Formed directly, ``dP_m - D`` of a peaked row is a difference of two nearly equal
+    fp32 numbers and loses the row's small dS (measured: dq 1% off, 30 times the
+    baseline's error, on fp16 rows with a spread of 3e-7, failing the rule).
+    """
+    if p.shape[-1] == 0:  # no keys: nothing to differentiate (argmax needs an entry)
+        return p
+    c = dp.gather(-1, p.argmax(dim=-1, keepdim=True))
+    centered = dp - c
+    inner = centered - (p * centered).sum(dim=-1, keepdim=True)
+    if sink_weight is not None:
+        inner = inner + c * sink_weight
+    return p * inner
 
 
 def _without_garbage(block: Block) -> Block:

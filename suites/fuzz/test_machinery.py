@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 
 import frost.engines.native as native
 import frost.engines.unfused_math as unfused_math
-from fuzz import budget, catalog, compare, limits, profiles, replay, runs, strategies
+from fuzz import budget, catalog, compare, identities, limits, profiles, replay, runs, strategies
 from fuzz import plugin as fuzz_plugin
 from fuzz.failures import PropertyFailure, reproduce_command
+from oracle import tolerance
 from reports import records
 from suites.harness import Case, make_inputs
 
@@ -60,6 +61,7 @@ def _features(case: Case) -> set[str]:
     tags |= {"-inf bias"} if case.bias and case.bias_holes else set()
     tags |= {"large sinks"} if case.sinks and case.sink_scale >= 20 else set()
     tags |= {"fp16"} if case.dtype == torch.float16 else {"bf16"}
+    tags |= {"scale 0"} if case.scale == 0 else {"negative scale"} if (case.scale or 0) < 0 else set()
     return tags
 
 
@@ -76,7 +78,8 @@ def test_strategies_draw_valid_problems_covering_the_contract():
     draw()
     wanted = {"thd", "padding", "gqa", "mqa", "causal", "bottom_right", "window", "bias", "sinks", "rope",
               "dqk_ne_dv", "strided", "zero-length sequence", "rows past cu_seqlens", "Sq > Sk", "Sq < Sk",
-              "head dim not a multiple of 8", "-inf bias", "large sinks", "fp16", "bf16"}  # fmt: skip
+              "head dim not a multiple of 8", "-inf bias", "large sinks", "fp16", "bf16", "scale 0",
+              "negative scale"}  # fmt: skip
     assert wanted <= set(seen), f"never drawn: {wanted - set(seen)}"
 
 
@@ -87,17 +90,56 @@ def test_gpu_regime_draws_valid_problems(case):
     assert runs.problem_of(make_inputs(dataclasses.replace(case, device="cpu")), "forward").device == "cpu"
 
 
-def test_limits_leave_out_what_the_rule_cannot_judge():
-    assert limits.backward_judgeable(Case())
-    assert not limits.backward_judgeable(Case(window=(0, 0)))  # every row sees itself only
-    assert not limits.backward_judgeable(Case(seqlen_k=1))  # one key, no sink
-    assert limits.backward_judgeable(Case(seqlen_k=1, sinks=True, sink_scale=0.5))  # the sink spreads the row
-    peaked = Case(batch=1, heads_q=2, heads_kv=2, seqlen_q=8, seqlen_k=8, logit_scale=200.0)
-    assert limits.spreads(peaked).max() < 1e-9 and not limits.backward_judgeable(peaked)  # every row peaked
-    assert not limits.backward_judgeable(Case(batch=1, seqlen_q=4, seqlen_k=4, heads_q=2, heads_kv=2))  # 8 rows
-    assert not limits.backward_judgeable(Case(head_dim_qk=1, seqlen_k=4, heads_kv=1))  # dk: 2 * 4 * 1 * 1 elements
-    assert limits.gradient_elements(Case(**THD, heads_q=4, heads_kv=2, head_dim_qk=16, head_dim_v=8)) == 2 * 10 * 8
-    assert limits.gradient_elements(Case(bias="11", seqlen_q=4, seqlen_k=8)) == 32
+def test_every_drawn_backward_problem_is_judged_and_only_the_known_limit_is_exempt():
+    """No strategy filters: 40 backward draws of each regime all come back, every one judges dv,
+    and the only outputs left unjudged are dq, dk, dbias of problems whose rows see one key."""
+    for regime in ("cpu", "gpu"):
+        drawn = limits.draw(regime, 40)
+        assert len(drawn) == 40
+        shares = limits.measure(drawn)
+        assert shares.problems == 40 and shares.judged["dv"] == 40
+        assert shares.judged["dsinks"] == shares.outputs["dsinks"]
+    assert runs.known_limit(make_inputs(Case(window=(0, 0)))) == {name: tolerance.ONE_KEY_REASON
+                                                                  for name in ("dq", "dk", "dbias")}
+    assert runs.known_limit(make_inputs(Case(window=(0, 0), sinks=True))) == {}  # the sink spreads each row
+    assert runs.known_limit(make_inputs(Case(seqlen_k=1, bias="BH"))) != {}  # one key, no sink
+    assert runs.known_limit(make_inputs(Case(seqlen_q=4, seqlen_k=4, heads_q=2, heads_kv=2))) == {}  # small: judged
+
+
+def test_shares_count_problems_and_outputs():
+    shares = limits.Shares()
+    shares.add(["dq", "dk", "dv"], {})
+    shares.add(["dq", "dk", "dv", "dbias"], {"dq": "why", "dk": "why", "dbias": "why"})
+    assert (shares.problems, shares.fully_judged) == (2, 1)
+    assert shares.judged == {"dq": 1, "dk": 1, "dv": 2} and shares.outputs["dbias"] == 1
+    assert "every output judged in 1 (50.0%)" in shares.describe()
+
+
+PADDED = Case(lengths_q=(10, 5), lengths_k=(7, 24), heads_q=4, heads_kv=2, causal=True, causal_align="bottom_right")
+
+
+@pytest.mark.parametrize("name", ["gqa_equals_repeated_kv", "batch_permutation", "row_shift_changes_nothing",
+                                  "causal_prefix_ignores_later_keys", "packed_equals_per_sequence_and_padded"])
+def test_every_padded_side_of_an_identity_carries_the_poison(name):
+    """SEMANTICS.md's garbage rows are NaN on both sides of every rewrite: a padded part is
+    marked poisoned (so the o and lse its backward is fed are NaN there too), its padded
+    q, k, v, do rows are NaN and so are its bias entries at padded positions."""
+    case = Case(**THD, heads_q=4, heads_kv=2) if name.startswith("packed") else PADDED
+    inputs = make_inputs(case)
+    padded_parts = [part for side in identities.IDENTITIES[name].sides(case, inputs) for part in side.parts
+                    if part.keywords.get("seqlens_q") is not None]
+    assert padded_parts, "no side keeps the padding"
+    for part in padded_parts:
+        assert part.poisoned
+        lengths_q, lengths_k = part.keywords["seqlens_q"].tolist(), part.keywords["seqlens_k"].tolist()
+        for b, (n_q, n_k) in enumerate(zip(lengths_q, lengths_k)):
+            assert part.q[b, n_q:].isnan().all() and part.do[b, n_q:].isnan().all()
+            assert part.k[b, n_k:].isnan().all() and part.v[b, n_k:].isnan().all()
+            bias = part.keywords.get("bias")
+            if bias is not None and bias.shape[0] > 1:
+                assert bias[b, :, n_q:].isnan().all() and bias[b, :, :, n_k:].isnan().all()
+        _, lse = runs.rounded(runs.oracle_forward(part), part)
+        assert lse[1, :, lengths_q[1]:].isnan().all()
 
 
 def test_identity_rule_takes_twice_the_allowance():
@@ -176,8 +218,8 @@ def test_packed_identity_catches_padding_ignored(planted):
 def test_backward_and_determinism_catch_planted_bugs(planted):
     real = unfused_math.backward
 
-    def noisy(problem, block, lse, do):
-        grads = real(problem, block, lse, do)
+    def noisy(problem, block, do):
+        grads = real(problem, block, do)
         return grads._replace(dq=grads.dq + 1e-2 * torch.rand_like(grads.dq))
 
     planted.setattr(unfused_math, "backward", noisy)

@@ -8,40 +8,27 @@ row-by-row transcription in ``suites/oracle/naive.py`` run in milliseconds;
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
+from frost.case import BIAS_PATTERNS, CaseFields
 from oracle.reference import valid_rows_mask
 
-BIAS_SHAPES = ("11", "B1", "1H", "BH")
+@dataclass(frozen=True, kw_only=True)
+class Case(CaseFields):
+    """A problem's shape and features (``frost.case.CaseFields``, with tiny defaults); the
+    tensors come from ``build``. ``name`` comes first and positionally."""
 
-
-@dataclass(frozen=True)
-class Case:
-    """A problem's shape and features; the tensors come from ``build``."""
-
-    name: str
-    batch: int = 2
-    sq: int = 4  # dense rows (ignored when packed)
-    sk: int = 5
-    hq: int = 2
-    hkv: int = 2
-    dqk: int = 4
-    dv: int = 4
-    layout: str = "dense"  # dense | padded (seqlens) | packed (cu_seqlens)
-    lens_q: tuple[int, ...] | None = None  # valid lengths per sequence (padded, packed)
-    lens_k: tuple[int, ...] | None = None
-    tail: int = 0  # packed rows past cu_seqlens[-1]
-    causal: bool = False
-    align: str = "top_left"
-    window: tuple[int, int] = (-1, -1)
-    bias: str | None = None  # one of BIAS_SHAPES: which of (B, H) the bias has
-    sinks: bool = False
-    rope: str | None = None  # "angles" (a real rotary table) or "table" (arbitrary values)
-    scale: float | None = None
-    block_q: int = 2
+    name: str = field(kw_only=False)
+    seqlen_q: int = 4
+    seqlen_k: int = 5
+    heads_q: int = 2
+    heads_kv: int = 2
+    head_dim_qk: int = 4
+    rope_table: bool = False  # with rope: arbitrary cos / sin values instead of a rotary table
+    block_q: int = 2  # the oracle's query rows per block
 
     def __str__(self) -> str:
         return self.name
@@ -104,82 +91,83 @@ def build(case: Case, seed: int = 0, dtype: torch.dtype = torch.float64) -> Prob
     float32, or float64 when ``dtype`` is (gradcheck differentiates them too)."""
     gen = torch.Generator().manual_seed(seed)
     side = torch.float64 if dtype == torch.float64 else torch.float32
-    options = {"causal": case.causal, "causal_align": case.align, "window": case.window,
+    options = {"causal": case.causal, "causal_align": case.causal_align, "window": case.window,
                "scale": case.scale, "block_q": case.block_q}
-    if case.layout == "packed":
+    if case.layout == "thd":
         starts_q = [0]
         starts_k = [0]
-        for n_q, n_k in zip(case.lens_q, case.lens_k):
+        for n_q, n_k in zip(case.lengths_q, case.lengths_k):
             starts_q.append(starts_q[-1] + n_q)
             starts_k.append(starts_k[-1] + n_k)
         options["cu_seqlens_q"] = torch.tensor(starts_q, dtype=torch.int32)
         options["cu_seqlens_k"] = torch.tensor(starts_k, dtype=torch.int32)
-        rows_q = (starts_q[-1] + case.tail,)
-        rows_k = (starts_k[-1] + case.tail,)
-        batch, max_q, max_k = len(case.lens_q), max(case.lens_q), max(case.lens_k)
+        rows_q = (starts_q[-1] + case.tail_q,)
+        rows_k = (starts_k[-1] + case.tail_k,)
+        batch, max_q, max_k = len(case.lengths_q), max(case.lengths_q), max(case.lengths_k)
         bias_rows = (max_q + 1, max_k + 2)  # larger than needed: indexed by in-sequence positions
     else:
-        rows_q, rows_k = (case.batch, case.sq), (case.batch, case.sk)
-        batch, max_q, max_k = case.batch, case.sq, case.sk
-        bias_rows = (case.sq, case.sk)
-        if case.layout == "padded":
-            options["seqlens_q"] = torch.tensor(case.lens_q, dtype=torch.int32)
-            options["seqlens_k"] = torch.tensor(case.lens_k, dtype=torch.int32)
-    q = _randn(gen, *rows_q, case.hq, case.dqk)
-    k = _randn(gen, *rows_k, case.hkv, case.dqk)
-    v = _randn(gen, *rows_k, case.hkv, case.dv)
-    do = _randn(gen, *rows_q, case.hq, case.dv)
+        rows_q, rows_k = (case.batch, case.seqlen_q), (case.batch, case.seqlen_k)
+        batch, max_q, max_k = case.batch, case.seqlen_q, case.seqlen_k
+        bias_rows = (case.seqlen_q, case.seqlen_k)
+        if case.padded:
+            options["seqlens_q"] = torch.tensor(case.lengths_q, dtype=torch.int32)
+            options["seqlens_k"] = torch.tensor(case.lengths_k, dtype=torch.int32)
+    q = _randn(gen, *rows_q, case.heads_q, case.head_dim_qk)
+    k = _randn(gen, *rows_k, case.heads_kv, case.head_dim_qk)
+    v = _randn(gen, *rows_k, case.heads_kv, case.dim_v)
+    do = _randn(gen, *rows_q, case.heads_q, case.dim_v)
     if case.bias is not None:
-        shape = (batch if case.bias[0] == "B" else 1, case.hq if case.bias[1] == "H" else 1, *bias_rows)
+        shape = (batch if case.bias[0] == "B" else 1, case.heads_q if case.bias[1] == "H" else 1, *bias_rows)
         options["bias"] = _randn(gen, *shape).to(side)
     if case.sinks:
-        options["sinks"] = _randn(gen, case.hq).to(side)
-    if case.rope is not None:
-        options["rope"] = rope_tables(case.rope, max(max_q, max_k) + 1, case.dqk // 2, gen)
+        options["sinks"] = _randn(gen, case.heads_q).to(side)
+    if case.rope:
+        kind = "table" if case.rope_table else "angles"
+        options["rope"] = rope_tables(kind, max(max_q, max_k) + 1, case.head_dim_qk // 2, gen)
     return Problem(case, q.to(dtype), k.to(dtype), v.to(dtype), do.to(dtype), options)
 
 
 # Every feature of SEMANTICS.md alone, then the combinations that interact.
 FEATURES = (
     Case("mha"),
-    Case("gqa", hq=4, hkv=2),
-    Case("mqa", hq=4, hkv=1),
-    Case("dqk_ne_dv", dqk=6, dv=4),
+    Case("gqa", heads_q=4, heads_kv=2),
+    Case("mqa", heads_q=4, heads_kv=1),
+    Case("dqk_ne_dv", head_dim_qk=6, head_dim_v=4),
     Case("custom_scale", scale=0.37),
-    Case("causal_top_left", sq=4, sk=6, causal=True),
-    Case("causal_top_left_sq_gt_sk", sq=6, sk=4, causal=True),
-    Case("causal_bottom_right_sq_lt_sk", sq=3, sk=6, causal=True, align="bottom_right"),
-    Case("causal_bottom_right_sq_gt_sk", sq=6, sk=3, causal=True, align="bottom_right"),
-    Case("window_left", sq=6, sk=6, window=(2, -1)),
-    Case("window_right", sq=6, sk=6, window=(-1, 1)),
-    Case("window_both", sq=6, sk=7, window=(1, 2)),
-    Case("window_zero", sq=6, sk=4, window=(0, 0)),
-    Case("window_larger_than_sequence", sq=4, sk=5, window=(50, 60)),
-    Case("causal_window_left", sq=6, sk=6, causal=True, window=(2, -1)),
-    *(Case(f"bias_{shape}", bias=shape) for shape in BIAS_SHAPES),
-    Case("rope", rope="angles"),
-    Case("rope_general_table", rope="table"),
+    Case("causal_top_left", seqlen_q=4, seqlen_k=6, causal=True),
+    Case("causal_top_left_sq_gt_sk", seqlen_q=6, seqlen_k=4, causal=True),
+    Case("causal_bottom_right_sq_lt_sk", seqlen_q=3, seqlen_k=6, causal=True, causal_align="bottom_right"),
+    Case("causal_bottom_right_sq_gt_sk", seqlen_q=6, seqlen_k=3, causal=True, causal_align="bottom_right"),
+    Case("window_left", seqlen_q=6, seqlen_k=6, window=(2, -1)),
+    Case("window_right", seqlen_q=6, seqlen_k=6, window=(-1, 1)),
+    Case("window_both", seqlen_q=6, seqlen_k=7, window=(1, 2)),
+    Case("window_zero", seqlen_q=6, seqlen_k=4, window=(0, 0)),
+    Case("window_larger_than_sequence", seqlen_q=4, seqlen_k=5, window=(50, 60)),
+    Case("causal_window_left", seqlen_q=6, seqlen_k=6, causal=True, window=(2, -1)),
+    *(Case(f"bias_{shape}", bias=shape) for shape in BIAS_PATTERNS),
+    Case("rope", rope=True),
+    Case("rope_general_table", rope=True, rope_table=True),
     Case("sinks", sinks=True),
-    Case("padded", sq=5, sk=6, layout="padded", lens_q=(5, 2), lens_k=(3, 6)),
-    Case("padded_empty", sq=4, sk=5, layout="padded", lens_q=(0, 3), lens_k=(4, 0), sinks=True),
-    Case("packed", layout="packed", lens_q=(3, 4), lens_k=(4, 2)),
-    Case("packed_zero_length_and_tail", layout="packed", lens_q=(3, 0, 4, 2), lens_k=(2, 3, 0, 4),
-         tail=2),
+    Case("padded", seqlen_q=5, seqlen_k=6, lengths_q=(5, 2), lengths_k=(3, 6)),
+    Case("padded_empty", seqlen_q=4, seqlen_k=5, lengths_q=(0, 3), lengths_k=(4, 0), sinks=True),
+    Case("packed", layout="thd", lengths_q=(3, 4), lengths_k=(4, 2)),
+    Case("packed_zero_length_and_tail", layout="thd", lengths_q=(3, 0, 4, 2), lengths_k=(2, 3, 0, 4),
+         tail_q=2, tail_k=2),
     # Combinations that interact.
-    Case("gqa_window_sinks", hq=4, hkv=2, sq=6, sk=6, window=(1, 1), sinks=True),
-    Case("mqa_causal_bottom_right_sinks", hq=4, hkv=1, sq=3, sk=5, causal=True,
-         align="bottom_right", sinks=True),
-    Case("rope_bias", rope="angles", bias="BH"),
-    Case("rope_table_bias_gqa", rope="table", bias="1H", hq=4, hkv=2),
-    Case("bottom_right_window_sq_gt_sk", sq=7, sk=4, window=(1, 0), align="bottom_right"),
-    Case("bottom_right_window_both_sq_gt_sk_bias", sq=6, sk=4, window=(2, 1), align="bottom_right",
+    Case("gqa_window_sinks", heads_q=4, heads_kv=2, seqlen_q=6, seqlen_k=6, window=(1, 1), sinks=True),
+    Case("mqa_causal_bottom_right_sinks", heads_q=4, heads_kv=1, seqlen_q=3, seqlen_k=5, causal=True,
+         causal_align="bottom_right", sinks=True),
+    Case("rope_bias", rope=True, bias="BH"),
+    Case("rope_table_bias_gqa", rope=True, rope_table=True, bias="1H", heads_q=4, heads_kv=2),
+    Case("bottom_right_window_sq_gt_sk", seqlen_q=7, seqlen_k=4, window=(1, 0), causal_align="bottom_right"),
+    Case("bottom_right_window_both_sq_gt_sk_bias", seqlen_q=6, seqlen_k=4, window=(2, 1), causal_align="bottom_right",
          bias="B1"),
-    Case("packed_everything", layout="packed", lens_q=(3, 0, 5), lens_k=(4, 2, 0), tail=1, hq=4,
-         hkv=2, dqk=6, dv=4, causal=True, align="bottom_right", window=(2, -1), bias="BH",
-         sinks=True, rope="angles", scale=0.6),
-    Case("padded_everything", layout="padded", sq=5, sk=6, lens_q=(5, 1), lens_k=(3, 6), hq=4,
-         hkv=1, causal=True, align="bottom_right", bias="1H", sinks=True, rope="table"),
-    Case("sinks_bias_window_zero", sq=5, sk=5, window=(0, 0), bias="11", sinks=True),
+    Case("packed_everything", layout="thd", lengths_q=(3, 0, 5), lengths_k=(4, 2, 0), tail_q=1, tail_k=1, heads_q=4,
+         heads_kv=2, head_dim_qk=6, head_dim_v=4, causal=True, causal_align="bottom_right", window=(2, -1), bias="BH",
+         sinks=True, rope=True, scale=0.6),
+    Case("padded_everything", seqlen_q=5, seqlen_k=6, lengths_q=(5, 1), lengths_k=(3, 6), heads_q=4,
+         heads_kv=1, causal=True, causal_align="bottom_right", bias="1H", sinks=True, rope=True, rope_table=True),
+    Case("sinks_bias_window_zero", seqlen_q=5, seqlen_k=5, window=(0, 0), bias="11", sinks=True),
 )
 
 FEATURES_BY_NAME = {case.name: case for case in FEATURES}

@@ -110,3 +110,24 @@ def test_gradcheck(case):
 def test_gradcheck_full_jacobian(name):
     """Every entry of the Jacobian, on the two cases that combine the most features."""
     assert _gradcheck(FEATURES_BY_NAME[name], fast_mode=False)
+
+
+@pytest.mark.parametrize("gap", [46.0, 80.0])
+def test_backward_keeps_ds_of_a_row_peaked_beyond_float64(gap):
+    """One query row, two keys whose logits lie ``gap`` apart (weight ~1e-20 or ~1e-35 on the
+    second): ``dp - D`` formed as a difference would round the first key's ds to the wrong value
+    (1 - p_1 is 0 in float64); the closed form ``ds_1 = -ds_2 = p_1 p_2 (dp_1 - dp_2)`` is exact."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, do = (torch.randn(shape, generator=gen, dtype=torch.float64)
+                   for shape in ((1, 1, 1, 8), (1, 2, 1, 8), (1, 2, 1, 8), (1, 1, 1, 8)))
+    bias = torch.tensor([0.0, -gap], dtype=torch.float64).view(1, 1, 1, 2)
+    scale = 0.25
+    g = reference.backward(do, q, k, v, scale=scale, bias=bias)
+    logits = scale * (k[0, :, 0] @ q[0, 0, 0]) + bias.view(2)
+    p_2 = torch.sigmoid(logits[1] - logits[0])
+    p_1 = torch.sigmoid(logits[0] - logits[1])
+    dp = v[0, :, 0] @ do[0, 0, 0]
+    ds_1 = p_1 * p_2 * (dp[0] - dp[1])
+    want_dq = scale * ds_1 * (k[0, 0, 0] - k[0, 1, 0])
+    torch.testing.assert_close(g.dq[0, 0, 0], want_dq, rtol=1e-12, atol=0)
+    torch.testing.assert_close(g.dbias.view(2), torch.stack([ds_1, -ds_1]), rtol=1e-12, atol=0)

@@ -70,7 +70,7 @@ def test_padded_rows_follow_the_contract():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_large_logits_stay_finite(dtype):
-    case = Case("huge", sq=6, sk=5, bias="BH", sinks=True, causal=True, align="bottom_right")
+    case = Case("huge", seqlen_q=6, seqlen_k=5, bias="BH", sinks=True, causal=True, causal_align="bottom_right")
     p = build(case, seed=54, dtype=dtype)
     p = p.with_inputs(bias=p.options["bias"] * 1e4, sinks=p.options["sinks"] * 1e4)
     o, lse = baseline.forward(p.q, p.k, p.v, **p.options)

@@ -35,15 +35,16 @@ def test_fully_masked_rows(how, sinks):
     """Rows that see no key: o = 0, lse = -inf (or the sink), zero gradients, no NaN."""
     sq, sk = 6, 3
     case = {
-        "bottom_right_sq_gt_sk": Case(how, sq=sq, sk=sk, causal=True, align="bottom_right", sinks=sinks),
-        "window_zero_sq_gt_sk": Case(how, sq=sq, sk=sk, window=(0, 0), sinks=sinks),
-        "bias_row_minus_inf": Case(how, sq=sq, sk=sk, bias="BH", sinks=sinks),
+        "bottom_right_sq_gt_sk": Case(how, seqlen_q=sq, seqlen_k=sk, causal=True, causal_align="bottom_right",
+                                      sinks=sinks),
+        "window_zero_sq_gt_sk": Case(how, seqlen_q=sq, seqlen_k=sk, window=(0, 0), sinks=sinks),
+        "bias_row_minus_inf": Case(how, seqlen_q=sq, seqlen_k=sk, bias="BH", sinks=sinks),
     }[how]
     p = build(case, seed=31)
     # Bottom-right with delta = -3 hides keys from rows 0..2; the diagonal window
     # (j == i) and the -inf bias rows hide them from rows 3..5.
     blind_rows = slice(0, 3) if how == "bottom_right_sq_gt_sk" else slice(3, sq)
-    blind = torch.zeros(case.batch, case.hq, sq, dtype=torch.bool)  # [b, h, i]: sees nothing
+    blind = torch.zeros(case.batch, case.heads_q, sq, dtype=torch.bool)  # [b, h, i]: sees nothing
     blind[:, :, blind_rows] = True
     if how == "bias_row_minus_inf":
         bias = p.options["bias"].clone()
@@ -66,7 +67,7 @@ def test_fully_masked_rows(how, sinks):
 def test_all_keys_masked_everywhere():
     """No key visible anywhere: every output is the closed form, every gradient zero."""
     for sinks in (False, True):
-        p = build(Case("nothing", sq=3, sk=4, window=(0, 0), align="bottom_right", sinks=sinks,
+        p = build(Case("nothing", seqlen_q=3, seqlen_k=4, window=(0, 0), causal_align="bottom_right", sinks=sinks,
                        causal=False), seed=32)
         p = p.with_inputs(k=p.k[:, :0], v=p.v[:, :0])  # Sk = 0
         o, lse, g = _run(p)
@@ -79,12 +80,13 @@ def test_all_keys_masked_everywhere():
 
 def test_empty_sequences_packed_and_padded():
     """A sequence without queries leaves its keys with dk = dv = 0; one without keys gives o = 0."""
-    for layout in ("packed", "padded"):
-        case = Case(f"empty_{layout}", layout=layout, sq=4, sk=5, lens_q=(0, 4, 3), lens_k=(5, 0, 2),
-                    batch=3, tail=2 if layout == "packed" else 0, sinks=True, bias="BH")
+    for layout in ("thd", "bshd"):  # packed, and dense padded by the same lengths
+        tail = 2 if layout == "thd" else 0
+        case = Case(f"empty_{layout}", layout=layout, seqlen_q=4, seqlen_k=5, lengths_q=(0, 4, 3),
+                    lengths_k=(5, 0, 2), batch=3, tail_q=tail, tail_k=tail, sinks=True, bias="BH")
         p = build(case, seed=33)
         o, lse, g = _run(p)
-        if layout == "packed":
+        if layout == "thd":
             no_queries_keys, no_keys_rows = slice(0, 5), slice(0, 4)
             assert (g.dk[no_queries_keys] == 0).all() and (g.dv[no_queries_keys] == 0).all()
             assert (o[no_keys_rows] == 0).all() and (g.dq[no_keys_rows] == 0).all()
@@ -112,7 +114,7 @@ def test_no_sequences_at_all():
 
 def test_large_logits_one_hot():
     """A key 1e4 above the rest takes all the weight: o = its value, lse = its logit, no NaN."""
-    case = Case("one_hot", sq=4, sk=5, hq=2, hkv=1, bias="BH", sinks=True)
+    case = Case("one_hot", seqlen_q=4, seqlen_k=5, heads_q=2, heads_kv=1, bias="BH", sinks=True)
     p = build(case, seed=34)
     winner = torch.tensor([[0, 3, 1, 4], [2, 2, 0, 1]])  # [b, i] -> key
     bias = p.options["bias"].clone()
@@ -122,7 +124,7 @@ def test_large_logits_one_hot():
     p = p.with_inputs(bias=bias)
     o, lse, g = _run(p)
     assert _all_finite(o, lse, g.dq, g.dk, g.dv, g.dbias, g.dsinks)
-    scale = 1 / math.sqrt(case.dqk)
+    scale = 1 / math.sqrt(case.head_dim_qk)
     for b in range(2):
         for h in range(2):
             for i in range(4):
@@ -142,7 +144,7 @@ def test_large_logits_one_hot():
 @pytest.mark.parametrize("offset", [1e4, -1e4])
 def test_large_uniform_logits_are_shift_invariant(offset):
     """All logits (and sinks) moved by +-1e4: o and gradients unchanged, lse moved by the offset."""
-    case = Case("uniform_shift", sq=4, sk=5, hq=2, hkv=2, bias="11", sinks=True, causal=True)
+    case = Case("uniform_shift", seqlen_q=4, seqlen_k=5, heads_q=2, heads_kv=2, bias="11", sinks=True, causal=True)
     p = build(case, seed=35)
     o, lse, g = _run(p)
     shifted = p.with_inputs(bias=p.options["bias"] + offset, sinks=p.options["sinks"] + offset)
@@ -158,7 +160,7 @@ def test_large_uniform_logits_are_shift_invariant(offset):
 
 def test_huge_sink_swallows_the_row():
     """A sink 1e4 above every logit: o = 0 and lse = sink to the last bit; dsinks = -sum D_i = 0."""
-    p = build(Case("huge_sink", sq=3, sk=4, sinks=True), seed=36)
+    p = build(Case("huge_sink", seqlen_q=3, seqlen_k=4, sinks=True), seed=36)
     p = p.with_inputs(sinks=torch.tensor([1e4, -2.0], dtype=torch.float64))
     o, lse, g = _run(p)
     assert (o[:, :, 0] == 0).all() and (lse[:, 0] == 1e4).all()
@@ -201,7 +203,7 @@ BAD_ARGUMENTS = {
 
 @pytest.mark.parametrize("needle", BAD_ARGUMENTS)
 def test_bad_arguments_raise_value_error_naming_them(needle):
-    p = build(Case("args", sq=4, sk=5, hq=4, hkv=2), seed=37)
+    p = build(Case("args", seqlen_q=4, seqlen_k=5, heads_q=4, heads_kv=2), seed=37)
     args, kwargs = BAD_ARGUMENTS[needle](p.q, p.k, p.v)
     with pytest.raises(ValueError, match=needle):
         reference.forward(*args, **kwargs)

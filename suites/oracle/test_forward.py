@@ -33,14 +33,15 @@ def test_forward_equals_transcription(case):
 
 
 TORCH_SDPA_CASES = (
-    Case("plain", batch=2, sq=5, sk=7, hq=3, hkv=3, dqk=8, dv=6),
-    Case("causal", batch=2, sq=6, sk=6, hq=2, hkv=2, causal=True),
-    Case("causal_sq_lt_sk", batch=1, sq=3, sk=7, hq=2, hkv=2, causal=True),
-    Case("causal_sq_gt_sk", batch=1, sq=7, sk=4, hq=2, hkv=2, causal=True),
-    Case("gqa", batch=2, sq=5, sk=6, hq=6, hkv=2),
-    Case("mqa_causal", batch=1, sq=5, sk=5, hq=4, hkv=1, causal=True),
-    Case("scale", sq=4, sk=9, scale=0.21),
-    *(Case(f"bias_{s}", batch=2, sq=4, sk=6, hq=4, hkv=2, bias=s) for s in ("11", "B1", "1H", "BH")),
+    Case("plain", batch=2, seqlen_q=5, seqlen_k=7, heads_q=3, heads_kv=3, head_dim_qk=8, head_dim_v=6),
+    Case("causal", batch=2, seqlen_q=6, seqlen_k=6, heads_q=2, heads_kv=2, causal=True),
+    Case("causal_sq_lt_sk", batch=1, seqlen_q=3, seqlen_k=7, heads_q=2, heads_kv=2, causal=True),
+    Case("causal_sq_gt_sk", batch=1, seqlen_q=7, seqlen_k=4, heads_q=2, heads_kv=2, causal=True),
+    Case("gqa", batch=2, seqlen_q=5, seqlen_k=6, heads_q=6, heads_kv=2),
+    Case("mqa_causal", batch=1, seqlen_q=5, seqlen_k=5, heads_q=4, heads_kv=1, causal=True),
+    Case("scale", seqlen_q=4, seqlen_k=9, scale=0.21),
+    *(Case(f"bias_{s}", batch=2, seqlen_q=4, seqlen_k=6, heads_q=4, heads_kv=2, bias=s)
+      for s in ("11", "B1", "1H", "BH")),
 )
 
 
@@ -71,7 +72,7 @@ def test_forward_and_backward_equal_torch_math_sdpa(case):
 
 
 def test_lse_is_natural_log_of_the_softmax_denominator():
-    p = build(Case("lse", batch=1, sq=3, sk=4, hq=2, hkv=2, scale=0.5), seed=13)
+    p = build(Case("lse", batch=1, seqlen_q=3, seqlen_k=4, heads_q=2, heads_kv=2, scale=0.5), seed=13)
     _, lse = reference.forward(p.q, p.k, p.v, **p.options)
     logits = torch.einsum("bihd,bjhd->bhij", p.q, p.k) * 0.5
     torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=1e-13, atol=1e-13)

@@ -41,14 +41,17 @@ def _close(got, want, name, **tol):
 PACKED = FEATURES_BY_NAME["packed_everything"]
 
 
-@pytest.mark.parametrize("case", [PACKED, Case("packed_plain", layout="packed", lens_q=(2, 5, 0),
-                                                lens_k=(3, 0, 4), tail=3, hq=4, hkv=1)], ids=str)
+PACKED_PLAIN = Case("packed_plain", layout="thd", lengths_q=(2, 5, 0), lengths_k=(3, 0, 4), tail_q=3, tail_k=3,
+                    heads_q=4, heads_kv=1)
+
+
+@pytest.mark.parametrize("case", [PACKED, PACKED_PLAIN], ids=str)
 def test_packed_equals_per_sequence_equals_padded(case):
     p = build(case, seed=21)
     o, lse, g = _run(p)
     cu_q, cu_k = (p.options[n].tolist() for n in ("cu_seqlens_q", "cu_seqlens_k"))
     bias, sinks = p.options.get("bias"), p.options.get("sinks")
-    lens_q, lens_k = case.lens_q, case.lens_k
+    lens_q, lens_k = case.lengths_q, case.lengths_k
     max_q, max_k = max(lens_q), max(lens_k)
     dense = {n: v for n, v in p.options.items() if n not in ("cu_seqlens_q", "cu_seqlens_k", "bias")}
 
@@ -120,16 +123,16 @@ def test_gqa_equals_mha_with_repeated_kv(name):
 
 @pytest.mark.parametrize("with_rope", [False, True])
 def test_sink_equals_extra_key_with_zero_value(with_rope):
-    case = Case("sink_as_key", batch=2, sq=5, sk=4, hq=4, hkv=2, bias="BH", sinks=True,
-                rope="angles" if with_rope else None)
+    case = Case("sink_as_key", batch=2, seqlen_q=5, seqlen_k=4, heads_q=4, heads_kv=2, bias="BH", sinks=True,
+                rope=with_rope)
     p = build(case, seed=24)
     bias, sinks = p.options["bias"].clone(), p.options["sinks"]
     bias[0, 1, 2, :] = -math.inf  # a row that sees only its sink
     bias[1, 3, :, 1] = -math.inf
     p = p.with_inputs(bias=bias)
-    zero_key = torch.zeros(case.batch, 1, case.hkv, case.dqk, dtype=p.k.dtype)
-    zero_value = torch.zeros(case.batch, 1, case.hkv, case.dv, dtype=p.v.dtype)
-    sink_column = sinks.view(1, -1, 1, 1).expand(case.batch, -1, case.sq, 1)
+    zero_key = torch.zeros(case.batch, 1, case.heads_kv, case.head_dim_qk, dtype=p.k.dtype)
+    zero_value = torch.zeros(case.batch, 1, case.heads_kv, case.dim_v, dtype=p.v.dtype)
+    sink_column = sinks.view(1, -1, 1, 1).expand(case.batch, -1, case.seqlen_q, 1)
     extra = p.with_inputs(k=torch.cat((p.k, zero_key), 1), v=torch.cat((p.v, zero_value), 1),
                           bias=torch.cat((bias, sink_column), -1), sinks=None)
     o, lse, g = _run(p)
@@ -152,7 +155,7 @@ def test_per_row_constant_through_bias_changes_nothing_but_lse(name):
     gen = torch.Generator().manual_seed(26)
     bias = p.options.get("bias")
     if bias is None:
-        bias = torch.randn(case.batch, case.hq, case.sq, case.sk, generator=gen, dtype=p.q.dtype)
+        bias = torch.randn(case.batch, case.heads_q, case.seqlen_q, case.seqlen_k, generator=gen, dtype=p.q.dtype)
         p = p.with_inputs(bias=bias)
     shift = 40 * torch.randn(*bias.shape[:3], 1, generator=gen, dtype=bias.dtype)
     shifted = p.with_inputs(bias=bias + shift)
@@ -183,10 +186,10 @@ def _visible(sq, sk, left, right, bottom_right):
 @pytest.mark.parametrize("window,align", [((1, 2), "bottom_right"), ((0, 0), "top_left"),
                                           ((2, 0), "bottom_right"), ((-1, 1), "top_left")])
 def test_minus_inf_bias_equals_masking(window, align):
-    case = Case("window_as_bias", batch=2, sq=6, sk=5, hq=4, hkv=2, window=window, align=align,
-                bias="B1", sinks=True)
+    case = Case("window_as_bias", batch=2, seqlen_q=6, seqlen_k=5, heads_q=4, heads_kv=2, window=window,
+                causal_align=align, bias="B1", sinks=True)
     p = build(case, seed=27)
-    visible = _visible(case.sq, case.sk, *window, align == "bottom_right")
+    visible = _visible(case.seqlen_q, case.seqlen_k, *window, align == "bottom_right")
     as_bias = p.with_inputs(bias=p.options["bias"].masked_fill(~visible, -math.inf))
     o, lse, g = _run(p)
     o_b, lse_b, g_b = _run(as_bias, window=(-1, -1))
@@ -198,12 +201,12 @@ def test_minus_inf_bias_equals_masking(window, align):
 
 
 def test_minus_inf_bias_column_equals_removing_the_key():
-    case = Case("drop_key", batch=2, sq=4, sk=6, hq=4, hkv=2, bias="1H", sinks=True)
+    case = Case("drop_key", batch=2, seqlen_q=4, seqlen_k=6, heads_q=4, heads_kv=2, bias="1H", sinks=True)
     p = build(case, seed=28)
     dropped = 2
     bias = p.options["bias"].clone()
     bias[..., dropped] = -math.inf
-    keep = [j for j in range(case.sk) if j != dropped]
+    keep = [j for j in range(case.seqlen_k) if j != dropped]
     masked = p.with_inputs(bias=bias)
     removed = p.with_inputs(k=p.k[:, keep], v=p.v[:, keep], bias=p.options["bias"][..., keep])
     o, lse, g = _run(masked)
@@ -223,11 +226,11 @@ def test_minus_inf_bias_column_equals_removing_the_key():
 @pytest.mark.parametrize("layout", ["dense", "packed"])
 def test_bottom_right_equals_top_left_when_sq_equals_sk(window, layout):
     if layout == "dense":
-        case = Case("square", batch=2, sq=5, sk=5, hq=4, hkv=2, causal=True, window=window,
+        case = Case("square", batch=2, seqlen_q=5, seqlen_k=5, heads_q=4, heads_kv=2, causal=True, window=window,
                     bias="BH", sinks=True)
     else:
-        case = Case("square_packed", layout="packed", lens_q=(3, 0, 5), lens_k=(3, 0, 5), tail=2,
-                    hq=2, hkv=1, causal=True, window=window, rope="angles", sinks=True)
+        case = Case("square_packed", layout="thd", lengths_q=(3, 0, 5), lengths_k=(3, 0, 5), tail_q=2, tail_k=2,
+                    heads_q=2, heads_kv=1, causal=True, window=window, rope=True, sinks=True)
     p = build(case, seed=29)
     o, lse, g = _run(p, causal_align="top_left")
     o_br, lse_br, g_br = _run(p, causal_align="bottom_right")

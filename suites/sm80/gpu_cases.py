@@ -52,15 +52,19 @@ FEATURES = {
     "edge_window_129": dict(window=(129, -1), seqlen_q=385, seqlen_k=385),
     "edge_thd": dict(layout="thd", lengths_q=(127, 128, 129, 1), lengths_k=(129, 128, 127, 64), causal=True,
                      causal_align="bottom_right", tail_q=2, tail_k=1),
+    # The CPU twin's hard cases (suites/test_native_engines.py), appended so that the L0 rotation
+    # of the features above stays as it was: every row sees one key plus a sink (spread by the
+    # sink, so nothing is exempt), and large logits with large sinks (fp16 in L0, as the twin).
+    "window_zero_sinks": dict(window=(0, 0), sinks=True),
+    "large_logits_sinks": dict(logit_scale=8.0, sinks=True, sink_scale=20.0),
 }
 
-# Where every row sees exactly one key the true dq and dk are exactly 0 and the acceptance rule
-# leaves no room for the fp32 residue that D = rowsum(do * o) from a rounded o must leave
-# (oracle/tolerance.py, "Known limit"): the backward takes two-key windows there instead. Its
-# logits are kept to |s| ~ 8 so that fp16 dS stays in range.
+# The backward keeps every hard case of the forward: window (0, 0) is judged with dq and dk
+# exempt per output (every row sees exactly one key: SEMANTICS.md's known limit,
+# oracle.tolerance.known_limit) and dv judged; sinks_empty_rows' rows see one key plus a sink
+# (or the sink alone) and are judged in full. Only its logits are kept to |s| ~ 8, as the CPU
+# twin's large-logits case, so that fp16 dS stays in range.
 BACKWARD_CHANGES = {
-    "window_zero": dict(window=(1, 0)),
-    "sinks_empty_rows": dict(window=(1, 0)),
     "large_logits": dict(logit_scale=8.0),
 }
 

@@ -20,134 +20,145 @@ import time
 
 import torch
 
+from frost.case import CaseFields
 from frost.kernels.sm80 import compile as sm80_compile
 from frost.kernels.sm80.config import FwdParams, fwd_params_for
 
-@dataclasses.dataclass(frozen=True)
-class FwdCase:
-    dtype: str = "bfloat16"
-    layout: str = "bshd"
-    batch: int = 2
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Case(CaseFields):
+    """One problem of the grids, in the harness's vocabulary (``frost.case.CaseFields``)."""
+
+    dtype: torch.dtype = torch.bfloat16
     seqlen_q: int = 300
     seqlen_k: int = 300
-    heads_q: int = 4
-    heads_kv: int = 4
     head_dim_qk: int = 128
-    head_dim_v: int = 128
-    causal: bool = False
-    bottom_right: bool = False
-    window: tuple[int, int] = (-1, -1)
-    padded: bool = False
-    sinks: bool = False
 
     def params(self) -> FwdParams:
         left, right = self.window
         return fwd_params_for(
-            dtype=self.dtype, head_dim_qk=self.head_dim_qk, head_dim_v=self.head_dim_v, layout=self.layout,
-            has_seqlens=self.padded, window_left=left, window_right=0 if self.causal else right,
-            bottom_right=self.bottom_right, has_sinks=self.sinks,
+            dtype=str(self.dtype).removeprefix("torch."), head_dim_qk=self.head_dim_qk, head_dim_v=self.dim_v,
+            layout=self.layout, has_seqlens=self.padded, window_left=left, window_right=0 if self.causal else right,
+            bottom_right=self.causal_align == "bottom_right", has_sinks=self.sinks,
         )
 
+    def __post_init__(self):
+        if self.bias is not None or self.rope:
+            raise ValueError("the SM80 check script runs no bias and no RoPE (the kernels take neither)")
 
-def fwd_grid() -> list[FwdCase]:
-    base = FwdCase()
+    def keywords(self) -> dict:
+        """The scale and mask keywords of frost's API and of the oracle."""
+        return dict(scale=self.scale, causal=self.causal, causal_align=self.causal_align, window=self.window)
+
+
+BR = dict(causal_align="bottom_right")
+
+
+def _padded(seqlen_q: int = 300, seqlen_k: int = 300) -> dict:
+    """Dense padding for batch 2: one full query sequence and one half; keys 40 short and empty."""
+    return dict(seqlen_q=seqlen_q, seqlen_k=seqlen_k, lengths_q=(seqlen_q, seqlen_q // 2),
+                lengths_k=(max(1, seqlen_k - 40), 0))
+
+
+def _packed(seqlen_q: int = 300, seqlen_k: int = 300) -> dict:
+    """Four packed sequences (one without queries) and rows past the last one."""
+    return dict(layout="thd", lengths_q=(seqlen_q, 0, max(1, seqlen_q // 3), seqlen_q + 17),
+                lengths_k=(seqlen_k, 5, max(1, seqlen_k // 2), seqlen_k + 29), tail_q=7, tail_k=3)
+
+
+def fwd_grid() -> list[Case]:
+    base = Case()
     cases = [base]
     head_dims = ((128, 128), (64, 64), (96, 96), (72, 40), (192, 128), (256, 256), (168, 168), (160, 96))
-    for dtype, (dqk, dv) in itertools.product(("bfloat16", "float16"), head_dims):
+    for dtype, (dqk, dv) in itertools.product((torch.bfloat16, torch.float16), head_dims):
         cases.append(dataclasses.replace(base, dtype=dtype, head_dim_qk=dqk, head_dim_v=dv))
     more = [
-        dict(causal=True), dict(causal=True, bottom_right=True, seqlen_q=200, seqlen_k=333),
-        dict(causal=True, bottom_right=True, seqlen_q=333, seqlen_k=200), dict(causal=True, seqlen_q=333, seqlen_k=200),
-        dict(window=(37, 5)), dict(window=(0, 0)), dict(window=(64, -1)), dict(window=(-1, 20), bottom_right=True),
+        dict(causal=True), dict(causal=True, **BR, seqlen_q=200, seqlen_k=333),
+        dict(causal=True, **BR, seqlen_q=333, seqlen_k=200), dict(causal=True, seqlen_q=333, seqlen_k=200),
+        dict(window=(37, 5)), dict(window=(0, 0)), dict(window=(64, -1)), dict(window=(-1, 20), **BR),
         dict(window=(1000, 1000)), dict(heads_q=8, heads_kv=2), dict(heads_q=8, heads_kv=1, causal=True),
-        dict(padded=True), dict(padded=True, causal=True, bottom_right=True), dict(padded=True, causal=True),
-        dict(padded=True, bottom_right=True, window=(-1, 30)), dict(causal=True, bottom_right=True, seqlen_k=260),
-        dict(padded=True, window=(20, 20)), dict(sinks=True),
-        dict(sinks=True, window=(0, 0), bottom_right=True, seqlen_q=400, seqlen_k=100),
-        dict(layout="thd"), dict(layout="thd", causal=True, heads_q=8, heads_kv=2),
-        dict(layout="thd", window=(50, 10), sinks=True, head_dim_qk=64, head_dim_v=64),
-        dict(layout="thd", causal=True, bottom_right=True, dtype="float16"),
-        dict(seqlen_q=1, seqlen_k=1), dict(seqlen_q=1, seqlen_k=1000, causal=True, bottom_right=True),
+        _padded(), dict(_padded(), causal=True, **BR), dict(_padded(), causal=True),
+        dict(_padded(), **BR, window=(-1, 30)), dict(causal=True, **BR, seqlen_k=260),
+        dict(_padded(), window=(20, 20)), dict(sinks=True),
+        dict(sinks=True, window=(0, 0), **BR, seqlen_q=400, seqlen_k=100),
+        _packed(), dict(_packed(), causal=True, heads_q=8, heads_kv=2),
+        dict(_packed(), window=(50, 10), sinks=True, head_dim_qk=64, head_dim_v=64),
+        dict(_packed(), causal=True, **BR, dtype=torch.float16),
+        dict(seqlen_q=1, seqlen_k=1), dict(seqlen_q=1, seqlen_k=1000, causal=True, **BR),
     ]
     cases += [dataclasses.replace(base, **m) for m in more]
     return cases
 
 
-def bwd_grid() -> list[FwdCase]:
-    base = FwdCase()
+def bwd_grid() -> list[Case]:
+    base = Case()
     more = [
-        dict(), dict(dtype="float16", head_dim_qk=64, head_dim_v=64), dict(head_dim_qk=72, head_dim_v=40),
-        dict(causal=True), dict(causal=True, bottom_right=True, seqlen_q=200, seqlen_k=333),
-        dict(causal=True, bottom_right=True, seqlen_q=333, seqlen_k=200), dict(window=(37, 5)),
-        dict(heads_q=8, heads_kv=2, causal=True), dict(heads_q=8, heads_kv=1, window=(50, 0), head_dim_qk=64, head_dim_v=64),
-        dict(padded=True), dict(padded=True, causal=True, bottom_right=True), dict(sinks=True),
-        dict(sinks=True, window=(0, 0), bottom_right=True, seqlen_q=400, seqlen_k=100),
-        dict(layout="thd", causal=True, heads_q=8, heads_kv=2),
-        dict(layout="thd", window=(50, 10), sinks=True, head_dim_qk=64, head_dim_v=64),
+        dict(), dict(dtype=torch.float16, head_dim_qk=64, head_dim_v=64), dict(head_dim_qk=72, head_dim_v=40),
+        dict(causal=True), dict(causal=True, **BR, seqlen_q=200, seqlen_k=333),
+        dict(causal=True, **BR, seqlen_q=333, seqlen_k=200), dict(window=(37, 5)),
+        dict(heads_q=8, heads_kv=2, causal=True),
+        dict(heads_q=8, heads_kv=1, window=(50, 0), head_dim_qk=64, head_dim_v=64),
+        _padded(), dict(_padded(), causal=True, **BR), dict(sinks=True),
+        dict(sinks=True, window=(0, 0), **BR, seqlen_q=400, seqlen_k=100),
+        dict(_packed(), causal=True, heads_q=8, heads_kv=2),
+        dict(_packed(), window=(50, 10), sinks=True, head_dim_qk=64, head_dim_v=64),
         # the wide flavors: d192x128, d256 (a GQA group, packed), d192 with partial tiles
         dict(head_dim_qk=192, head_dim_v=128, causal=True), dict(head_dim_qk=160, head_dim_v=96, window=(37, 5)),
-        dict(layout="thd", causal=True, heads_q=8, heads_kv=2, head_dim_qk=256, head_dim_v=256),
-        dict(padded=True, sinks=True, head_dim_qk=168, head_dim_v=168),
+        dict(_packed(), causal=True, heads_q=8, heads_kv=2, head_dim_qk=256, head_dim_v=256),
+        dict(_padded(), sinks=True, head_dim_qk=168, head_dim_v=168),
     ]
     return [dataclasses.replace(base, **m) for m in more]
 
 
-def _inputs(case: FwdCase, device, gen):
-    dt = getattr(torch, case.dtype)
-
+def _inputs(case: Case, device, gen):
     def rnd(*shape):
-        return torch.randn(*shape, generator=gen, device="cpu").to(device=device, dtype=dt)
+        return torch.randn(*shape, generator=gen, device="cpu").to(device=device, dtype=case.dtype)
 
     kw: dict = {}
     if case.layout == "thd":
-        lens_q = [case.seqlen_q, 0, max(1, case.seqlen_q // 3), case.seqlen_q + 17][: max(case.batch, 4)]
-        lens_k = [case.seqlen_k, 5, max(1, case.seqlen_k // 2), case.seqlen_k + 29][: len(lens_q)]
-        cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32, device=device)
-        cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32, device=device)
-        tq, tk = int(cu_q[-1]) + 7, int(cu_k[-1]) + 3  # rows past the last sequence stay untouched
+        cu_q = torch.tensor([0, *itertools.accumulate(case.lengths_q)], dtype=torch.int32, device=device)
+        cu_k = torch.tensor([0, *itertools.accumulate(case.lengths_k)], dtype=torch.int32, device=device)
+        tq, tk = int(cu_q[-1]) + case.tail_q, int(cu_k[-1]) + case.tail_k  # rows past the last sequence stay untouched
         # strided: q/k/v are slices of one buffer with a head gap
         buf_q = rnd(tq, case.heads_q + 1, case.head_dim_qk)
         q = buf_q[:, 1:]
         k = rnd(tk, case.heads_kv, case.head_dim_qk)
-        v = rnd(tk, case.heads_kv, case.head_dim_v)
+        v = rnd(tk, case.heads_kv, case.dim_v)
         kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-        max_seqlen_q = max(lens_q)
+        max_seqlen_q = max(case.lengths_q)
     else:
         q = rnd(case.batch, case.heads_q, case.seqlen_q, case.head_dim_qk).transpose(1, 2)  # BHSD storage
         k = rnd(case.batch, case.seqlen_k, case.heads_kv, case.head_dim_qk)
-        v = rnd(case.batch, case.seqlen_k, case.heads_kv, case.head_dim_v)
+        v = rnd(case.batch, case.seqlen_k, case.heads_kv, case.dim_v)
         max_seqlen_q = case.seqlen_q
         if case.padded:
-            kw["seqlens_q"] = torch.tensor([case.seqlen_q, max(0, case.seqlen_q // 2)][: case.batch] + [case.seqlen_q] * max(0, case.batch - 2), dtype=torch.int32, device=device)
-            kw["seqlens_k"] = torch.tensor([max(1, case.seqlen_k - 40), 0][: case.batch] + [case.seqlen_k] * max(0, case.batch - 2), dtype=torch.int32, device=device)
+            kw["seqlens_q"] = torch.tensor(case.lengths_q, dtype=torch.int32, device=device)
+            kw["seqlens_k"] = torch.tensor(case.lengths_k, dtype=torch.int32, device=device)
     if case.sinks:
         kw["sinks"] = (torch.randn(case.heads_q, generator=gen) * 2).to(device)
     return q, k, v, kw, max_seqlen_q
 
 
-def run_fwd_case(case: FwdCase, device="cuda", seed=0):
+def run_fwd_case(case: Case, device="cuda", seed=0):
     from oracle import reference
 
     gen = torch.Generator().manual_seed(seed)
     q, k, v, kw, max_seqlen_q = _inputs(case, device, gen)
     compiled = sm80_compile.compile_fwd(case.params())
     packed = case.layout == "thd"
-    o = torch.full((*q.shape[:-1], case.head_dim_v), float("nan"), dtype=q.dtype, device=device)
+    o = torch.full((*q.shape[:-1], case.dim_v), float("nan"), dtype=q.dtype, device=device)
     lse_shape = (case.heads_q, q.shape[0]) if packed else (case.batch, case.heads_q, case.seqlen_q)
     lse = torch.full(lse_shape, float("nan"), dtype=torch.float32, device=device)
     left, right = case.window
     if case.causal:
         right = 0
-    scale = 1.0 / math.sqrt(case.head_dim_qk)
+    scale = case.scale if case.scale is not None else 1.0 / math.sqrt(case.head_dim_qk)
     sm80_compile.launch_fwd(
         compiled, q, k, v, o, lse, scale=scale, window_left=left, window_right=right,
         max_seqlen_q=max_seqlen_q, **kw,
     )
     torch.cuda.synchronize()
-    ref_o, ref_lse = reference.forward(
-        q, k, v, causal=case.causal, causal_align="bottom_right" if case.bottom_right else "top_left",
-        window=case.window, **kw,
-    )
+    ref_o, ref_lse = reference.forward(q, k, v, **case.keywords(), **kw)
     valid = ~torch.isnan(ref_o)
     o64 = o.double()
     nan_bad = int((torch.isnan(o64) & valid).sum()) + int((~torch.isnan(o64) & ~valid).sum())
@@ -176,7 +187,7 @@ def _rel(x, ref) -> float:
     return float((x64 - ref)[valid].norm() / ref[valid].norm().clamp_min(1e-30))
 
 
-def run_bwd_case(case: FwdCase, deterministic=False, device="cuda", seed=0):
+def run_bwd_case(case: Case, deterministic=False, device="cuda", seed=0):
     """The SM80 backward engine on one case (o, lse from the oracle, rounded), vs the oracle's grads."""
     from frost.engines.sm80 import Sm80Backward
     from frost.problem import prepare
@@ -184,9 +195,8 @@ def run_bwd_case(case: FwdCase, deterministic=False, device="cuda", seed=0):
 
     gen = torch.Generator().manual_seed(seed)
     q, k, v, kw, _ = _inputs(case, device, gen)
-    do = torch.randn(*q.shape[:-1], case.head_dim_v, generator=gen).to(device=device, dtype=q.dtype)
-    mask_kw = dict(causal=case.causal, causal_align="bottom_right" if case.bottom_right else "top_left",
-                   window=case.window)
+    do = torch.randn(*q.shape[:-1], case.dim_v, generator=gen).to(device=device, dtype=q.dtype)
+    mask_kw = case.keywords()
     o64, lse64 = reference.forward(q, k, v, **mask_kw, **kw)
     o, lse = torch.nan_to_num(o64).to(q.dtype), lse64.float()
     problem, tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, deterministic=deterministic, **mask_kw, **kw)
@@ -215,7 +225,7 @@ def bench_fwd(iters: int = 30):
         h, b = 2048 // d, 16384 // s
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
-        case = FwdCase(batch=b, seqlen_q=s, seqlen_k=s, heads_q=h, heads_kv=h, head_dim_qk=d, head_dim_v=d, causal=causal)
+        case = Case(batch=b, seqlen_q=s, seqlen_k=s, heads_q=h, heads_kv=h, head_dim_qk=d, head_dim_v=d, causal=causal)
         compiled = sm80_compile.compile_fwd(case.params())
         o = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
@@ -251,7 +261,7 @@ def bench_variants(iters: int = 30):
         h, b = 2048 // d, 16384 // s
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
-        base = FwdCase(batch=b, seqlen_q=s, seqlen_k=s, heads_q=h, heads_kv=h, head_dim_qk=d, head_dim_v=d, causal=causal)
+        base = Case(batch=b, seqlen_q=s, seqlen_k=s, heads_q=h, heads_kv=h, head_dim_qk=d, head_dim_v=d, causal=causal)
         o = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
         line = []
