@@ -1,6 +1,6 @@
 """The fields every test-case record shares, so that the three records speak one vocabulary.
 
-``suites.harness.Case`` (the accuracy harness and the fuzz), ``suites.oracle.cases.Case``
+``frost_harness.suites.harness.Case`` (the accuracy harness and the fuzz), ``frost_harness.suites.oracle.cases.Case``
 (the oracle's tiny problems) and ``frost.kernels.sm80.check.Case`` (the kernel author's
 quick loop) each describe one attention problem by its sizes and features, never by
 tensors. Each derives from ``CaseFields`` and so names a concept the same way and means

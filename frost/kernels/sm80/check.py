@@ -7,7 +7,7 @@ No dispatch and no acceptance rule: the forward launches the compiled kernel
 directly; the backward runs the ``sdpa_bwd_sm80`` engine's plan (it needs a
 Problem to choose its params and size its workspace). Outputs are poisoned
 with NaN before each launch and compared with the float64 oracle
-(``oracle.reference``) by relative L2 error and NaN count. The suites (suites/sm80/) are the real gate; this is the
+(``frost_harness.oracle.reference``) by relative L2 error and NaN count. The suites (frost_harness/suites/sm80/) are the real gate; this is the
 quick loop. Without a GPU it only compiles (CUTE_DSL_ARCH=sm_80).
 """
 from __future__ import annotations
@@ -140,7 +140,7 @@ def _inputs(case: Case, device, gen):
 
 
 def run_fwd_case(case: Case, device="cuda", seed=0):
-    from oracle import reference
+    from frost_harness.oracle import reference
 
     gen = torch.Generator().manual_seed(seed)
     q, k, v, kw, max_seqlen_q = _inputs(case, device, gen)
@@ -191,7 +191,7 @@ def run_bwd_case(case: Case, deterministic=False, device="cuda", seed=0):
     """The SM80 backward engine on one case (o, lse from the oracle, rounded), vs the oracle's grads."""
     from frost.engines.sm80 import Sm80Backward
     from frost.problem import prepare
-    from oracle import reference
+    from frost_harness.oracle import reference
 
     gen = torch.Generator().manual_seed(seed)
     q, k, v, kw, _ = _inputs(case, device, gen)

@@ -10,7 +10,7 @@ values are runtime and do not multiply it.
 
 ``l0_records`` (the pairwise-covering subsets the L0 compile tests build) and
 ``all_records`` are what ``frost-compile --records L0|all`` fills the disk cache
-with; the suites import this module through ``suites/sm80/params_space.py``.
+with; the suites import this module through ``frost_harness/suites/sm80/params_space.py``.
 """
 from __future__ import annotations
 

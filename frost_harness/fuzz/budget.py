@@ -1,0 +1,104 @@
+"""The wall-clock budget of a fuzz run: each test's share of it, its chunks and their seeds.
+
+Hypothesis stops a test after ``max_examples``; it has no clock. Under ``frost-fuzz``
+the plugin (``frost_harness.fuzz.plugin``) turns the run's deadline into a share per fuzz test
+(what is left, divided by the fuzz tests this worker has yet to start) and runs each
+test as a series of *chunks*: one Hypothesis run of the profile's ``max_examples``
+with its own seed, again and again until the share is spent. Inside a chunk,
+``example_started`` raises ``ShareSpent`` once the share is spent: a
+``unittest.SkipTest``, which Hypothesis re-raises at once without shrinking (its rule
+for skip exceptions), and which the plugin catches as the chunk's normal end. So a
+chunk overshoots the share by one example at most. It is never raised before the
+chunk's first example ran, nor once an example failed (the shrinker must be able to
+replay it). Rejecting examples (``hypothesis.reject``) instead was tried: Hypothesis
+gives up on a run only after about 100 invalid examples per valid one, and each still
+draws its problem, so a chunk overshot by minutes.
+
+Seeds: a chunk's seed is a hash of the run's seed (the night's seed and the shard),
+the worker, the test id and the chunk number, so every chunk of every worker and shard
+explores different ground, and each is written to the run folder's fuzz log.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import unittest
+
+
+@dataclass
+class Budget:
+    until: float  # time.time() when the whole run must stop
+    seed: int  # the run's seed: the night's seed combined with the shard
+    worker: str  # "main" or the xdist worker id
+    share_end: float = float("inf")  # when the running test's share ends
+    examples: int = 0  # examples started in the running chunk
+    failed: bool = False  # an example of the running chunk failed
+    progress: Path | None = None  # where this worker's running totals go, for the runner's status line
+    examples_total: int = 0  # examples started in this worker, every test and chunk
+    chunks_failed: int = 0
+    _written: float = 0.0  # time.time() of the last progress write
+
+    def chunk_seed(self, test_id: str, chunk: int) -> int:
+        text = f"{self.seed}:{self.worker}:{test_id}:{chunk}"
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+    def start_test(self, tests_left: int) -> None:
+        """A fuzz test starts: its share is what is left, split over the tests still to run."""
+        now = time.time()
+        self.share_end = now + max(0.0, self.until - now) / max(1, tests_left)
+
+    def start_chunk(self) -> None:
+        self.examples, self.failed = 0, False
+
+    def share_spent(self) -> bool:
+        return time.time() >= self.share_end
+
+    def write_progress(self, *, force: bool = False) -> None:
+        """This worker's totals into ``progress`` (JSON, replaced atomically), at most once a
+        second unless forced: the ``frost-fuzz`` runner reads them for its live status line."""
+        now = time.time()
+        if self.progress is None or (not force and now - self._written < 1.0):
+            return
+        self._written = now
+        partial = self.progress.with_suffix(".tmp")
+        partial.write_text(json.dumps({"worker": self.worker, "examples": self.examples_total,
+                                       "failures": self.chunks_failed}), encoding="utf-8")  # fmt: skip
+        os.replace(partial, self.progress)
+
+
+_active: Budget | None = None
+
+
+def activate(budget: Budget | None) -> None:
+    global _active
+    _active = budget
+
+
+def active() -> Budget | None:
+    return _active
+
+
+class ShareSpent(unittest.SkipTest):
+    """The running fuzz test's share of the time is spent: the chunk ends here."""
+
+
+def example_started() -> None:
+    """Called at the start of every fuzz example: counts it, or ends the chunk (see above)."""
+    budget = _active
+    if budget is None:
+        return
+    if budget.examples and not budget.failed and budget.share_spent():
+        raise ShareSpent("frost-fuzz: this test's share of the time budget is spent")
+    budget.examples += 1
+    budget.examples_total += 1
+    budget.write_progress()
+
+
+def example_failed() -> None:
+    if _active is not None:
+        _active.failed = True

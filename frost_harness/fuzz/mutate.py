@@ -1,0 +1,174 @@
+"""``frost-mutate``: mutation testing of the SM80 kernels against the GPU suites.
+
+    frost-mutate --list                                   # the catalogue (works without a GPU)
+    frost-mutate -j 3 -n 4                                # every mutant, 3 at once, 4 xdist workers each
+    frost-mutate --only mask-right-edge,dk-scale-missing --marker "L0 and gpu" frost_harness/suites/sm80
+
+Each mutant of ``frost_harness.fuzz.mutants.CATALOGUE`` is applied to its own temporary copy of the
+repository (the checkout is never touched) and the chosen suites run against that copy with
+``-x``: a failing test kills the mutant (the first one is recorded), a run past ``--timeout``
+kills it as a hang, a clean pass is a survivor. Mutants with a written equivalence argument are
+listed but left out of the score. The unmutated tree runs first and must pass with tests
+executed, otherwise nothing is judged (a GPU-less machine would otherwise "kill" nothing and
+let every mutant survive on skips). Results go to ``<out>/mutants.json`` and ``mutants.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from frost_harness.fuzz.mutants import CATALOGUE, Mutant
+
+ROOT = Path(__file__).resolve().parents[2]
+SKIP_DIRS = {".git", ".venv", ".gpu", ".gl", ".whl", "frost-out", ".frost", "__pycache__", ".pytest_cache",
+             ".hypothesis", "build", "dist"}
+DEFAULT_SUITES = ("frost_harness/suites/sm80",)
+
+
+@dataclasses.dataclass
+class Outcome:
+    mutant: str
+    category: str
+    verdict: str            # killed | timed out | survived | equivalent | broken | not run
+    killed_by: str = ""     # the first failing test
+    seconds: float = 0.0
+    detail: str = ""
+
+
+def classify(returncode: int | None, output: str) -> tuple[str, str]:
+    """(verdict, first failing test) of one pytest run; ``returncode`` None means it timed out."""
+    if returncode is None:
+        return "timed out", ""
+    if returncode == 0:
+        return "survived", ""
+    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+    if returncode == 1 and failed:
+        return "killed", failed.group(1)
+    return "broken", failed.group(1) if failed else f"pytest exit {returncode}"
+
+
+def copy_tree(dest: Path) -> Path:
+    """The repository's sources (no caches, environments or run folders) under ``dest``."""
+    def ignore(_, names):
+        return [n for n in names if n in SKIP_DIRS or n.endswith(".pyc")]
+
+    shutil.copytree(ROOT, dest, ignore=ignore, dirs_exist_ok=True)
+    return dest
+
+
+def run_suites(tree: Path, args) -> tuple[int | None, str, float]:
+    cmd = [sys.executable, "-m", "pytest", "-m", args.marker, *args.suites, "-x", "-q", "-p", "no:cacheprovider"]
+    if args.workers > 1:
+        cmd += ["-n", str(args.workers)]
+    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    start = time.monotonic()
+    try:
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=args.timeout)
+        return done.returncode, done.stdout + done.stderr, time.monotonic() - start
+    except subprocess.TimeoutExpired as expired:
+        out = (expired.stdout or b"").decode(errors="replace") if isinstance(expired.stdout, bytes) else (expired.stdout or "")
+        return None, out, time.monotonic() - start
+
+
+def judge(mutant: Mutant, args, scratch: Path) -> Outcome:
+    if mutant.equivalent:
+        return Outcome(mutant.name, mutant.category, "equivalent", detail=mutant.equivalent)
+    tree = copy_tree(scratch / mutant.name)
+    mutant.apply(tree)
+    returncode, output, seconds = run_suites(tree, args)
+    verdict, first = classify(returncode, output)
+    shutil.rmtree(tree, ignore_errors=True)
+    return Outcome(mutant.name, mutant.category, verdict, first, round(seconds, 1), mutant.why)
+
+
+def score(outcomes: list[Outcome]) -> tuple[int, int]:
+    """(killed, judged): hangs count as killed; equivalents and mutants not run are not judged."""
+    judged = [o for o in outcomes if o.verdict not in ("equivalent", "not run")]
+    return sum(o.verdict in ("killed", "timed out") for o in judged), len(judged)
+
+
+def write_report(outcomes: list[Outcome], out: Path, args) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "mutants.json").write_text(json.dumps([dataclasses.asdict(o) for o in outcomes], indent=1))
+    killed, judged = score(outcomes)
+    lines = [f"# Mutation score: {killed} of {judged} killed ({100 * killed / max(judged, 1):.0f}%)", "",
+             f"suites: `pytest -m \"{args.marker}\" {' '.join(args.suites)} -x`", "",
+             "| mutant | category | verdict | killed by | s | fault |", "|---|---|---|---|---|---|"]
+    order = {"survived": 0, "broken": 1, "timed out": 2, "killed": 3, "equivalent": 4, "not run": 5}
+    for o in sorted(outcomes, key=lambda o: (order[o.verdict], o.mutant)):
+        lines.append(f"| {o.mutant} | {o.category} | {o.verdict} | {o.killed_by} | {o.seconds} | {o.detail} |")
+    (out / "mutants.md").write_text("\n".join(lines) + "\n")
+    return lines[0]
+
+
+def list_catalogue() -> str:
+    rows = [f"{m.name:26} {m.category:18} {m.path:36} {m.why}" for m in CATALOGUE]
+    return "\n".join(rows + [f"{len(CATALOGUE)} mutants"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="frost-mutate", description=__doc__.splitlines()[0])
+    parser.add_argument("suites", nargs="*", default=list(DEFAULT_SUITES))
+    parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
+    parser.add_argument("--only", default="", help="comma-separated mutant names")
+    parser.add_argument("--marker", default="L0 and gpu")
+    parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants judged at once")
+    parser.add_argument("-n", "--workers", type=int, default=4, help="pytest-xdist workers per mutant")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant before it counts as a hang")
+    parser.add_argument("--out", default=os.environ.get("OUT") or f"frost-out/mutate-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds: start no mutant after this; the rest are listed as not run")
+    parser.add_argument("--baseline-log", metavar="LOG",
+                        help="a pytest log of these suites (or a superset) on this tree, run just before: "
+                             "judged instead of running the unmutated suites again")
+    args = parser.parse_args(argv)
+    args.suites = args.suites or list(DEFAULT_SUITES)
+    if args.list:
+        print(list_catalogue())
+        return 0
+    chosen = [m for m in CATALOGUE if not args.only or m.name in args.only.split(",")]
+    import torch
+
+    if not torch.cuda.is_available():
+        print("frost-mutate: the suites it runs need a CUDA device and none is available", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="frost-mutate-") as scratch:
+        if args.baseline_log:
+            returncode, output, seconds = 0, Path(args.baseline_log).read_text(errors="replace"), 0.0
+            if re.search(r"^(?:FAILED|ERROR) ", output, re.MULTILINE) or re.search(r"\b\d+ (?:failed|errors?)\b", output):
+                returncode = 1
+        else:
+            returncode, output, seconds = run_suites(copy_tree(Path(scratch) / "baseline"), args)
+        if returncode != 0 or not re.search(r"\b[1-9]\d* passed", output):
+            print(f"frost-mutate: the unmutated suites must pass first (exit {returncode}):\n{output[-3000:]}",
+                  file=sys.stderr)
+            return 2
+        print(f"baseline passed in {seconds:.0f}s; judging {len(chosen)} mutants, {args.jobs} at once", flush=True)
+
+        def judge_in_budget(mutant: Mutant) -> Outcome:
+            if args.budget is not None and time.monotonic() - start > args.budget:
+                return Outcome(mutant.name, mutant.category, "not run", detail="past --budget")
+            return judge(mutant, args, Path(scratch))
+
+        outcomes = []
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            for outcome in pool.map(judge_in_budget, chosen):
+                print(f"{outcome.verdict:10} {outcome.mutant} {outcome.killed_by}", flush=True)
+                outcomes.append(outcome)
+    print(write_report(outcomes, Path(args.out), args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

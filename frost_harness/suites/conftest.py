@@ -1,0 +1,92 @@
+"""Repository-wide pytest wiring: test levels, the GPU marker and frost's records plugin.
+
+Every test must carry exactly one level marker (L0, L1 or L2); an unmarked
+test is a collection error, so nothing silently drops out of every level.
+Tests marked ``gpu`` are skipped with a reason when CUDA is unavailable, unless the run
+asked for GPU tests only (``-m "L0 and gpu"``): then a missing or broken CUDA is a usage
+error, not a green run of skips.
+``frost_harness.reports.plugin`` collects the accuracy harness's per-case records and prints
+the routing summary at the end of the run (also under pytest-xdist).
+``frost_harness.fuzz.plugin`` selects the Hypothesis profile of the fuzz suites (``ci`` unless
+told otherwise), gives each xdist worker its GPU and runs the ``frost-fuzz`` budget.
+Each test process gets a fresh, empty compile cache directory on disk
+(``FROST_CACHE_DIR``), so no test depends on what the user's cache holds and the
+compile suites really compile; tests about the disk cache point it elsewhere.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+pytest_plugins = ("frost_harness.reports.plugin", "frost_harness.fuzz.plugin")
+
+LEVELS = ("L0", "L1", "L2")
+_test_cache_dir: str | None = None
+
+
+def pytest_configure(config):
+    global _test_cache_dir
+    _test_cache_dir = tempfile.mkdtemp(prefix="frost-test-cache-")
+    os.environ["FROST_CACHE_DIR"] = _test_cache_dir
+    os.environ.pop("FROST_DISK_CACHE", None)  # the suites run with the disk cache on, wherever they run
+
+
+def pytest_unconfigure(config):
+    if _test_cache_dir is not None:
+        shutil.rmtree(_test_cache_dir, ignore_errors=True)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def selects_only_gpu_tests(markexpr: str) -> bool:
+    """Whether a ``-m`` expression can select a test only if it is marked ``gpu``."""
+    if not markexpr:
+        return False
+    from _pytest.mark.expression import Expression
+
+    try:
+        expression = Expression.compile(markexpr)
+    except Exception:  # pytest reports a malformed expression itself
+        return False
+
+    def selects(*marks):
+        return expression.evaluate(lambda name, **kwargs: name in marks)
+
+    kinds = ((), ("fuzz",))
+    without_gpu = any(selects(level, *kind) for level in LEVELS for kind in kinds)
+    with_gpu = any(selects(level, "gpu", *kind) for level in LEVELS for kind in kinds)
+    return with_gpu and not without_gpu
+
+
+def pytest_collection_modifyitems(config, items):
+    unmarked = []
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    has_cuda = None
+    for item in items:
+        levels = [m for m in LEVELS if item.get_closest_marker(m) is not None]
+        if len(levels) != 1:
+            unmarked.append(f"{item.nodeid} (levels: {levels or 'none'})")
+        if item.get_closest_marker("gpu") is not None:
+            if has_cuda is None:
+                has_cuda = _cuda_available()
+            if not has_cuda:
+                item.add_marker(skip_gpu)
+    if unmarked:
+        raise pytest.UsageError(
+            "every test needs exactly one level marker (L0, L1 or L2):\n  " + "\n  ".join(unmarked)
+        )
+    markexpr = config.getoption("markexpr", "")
+    if selects_only_gpu_tests(markexpr) and not _cuda_available():
+        raise pytest.UsageError(
+            f"-m {markexpr!r} selects GPU tests only, but CUDA is not available (no device, or it failed to "
+            "initialize): every test would skip"
+        )

@@ -1,0 +1,1 @@
+"""The Hypothesis property suites (strategies and properties live in ``frost_harness/fuzz/``)."""

@@ -1,0 +1,80 @@
+"""Fuzz: metamorphic identities on the engines (``frost_harness.fuzz.identities`` says what each rewrites).
+
+``cpu`` tests are L0 under the ``ci`` profile; the ``gpu`` test draws the larger problems
+on CUDA for each identity. Pinned ``@example``s are failures found once, kept in L0.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from frost_harness.fuzz import catalog
+from frost_harness.fuzz.strategies import cases
+from frost_harness.suites.harness import Case
+
+pytestmark = pytest.mark.fuzz
+
+# Pinned: failures the search found once (in the fuzz code), kept in L0 for good.
+EMPTY = Case(batch=1, seqlen_q=0, seqlen_k=0, heads_q=1, heads_kv=1, head_dim_qk=1, bias="BH", scale=0.3)
+
+# property name -> the constraints its problems need
+DRAWS = {
+    "packed_equals_per_sequence_and_padded": {"layout": "thd"},
+    "gqa_equals_repeated_kv": {"heads": "grouped"},
+    "batch_permutation": {"min_batch": 2},
+    "sink_equals_zero_value_key": {"layout": "dense", "sinks": True},
+    "row_shift_changes_nothing": {"sinks": False},
+    "causal_prefix_ignores_later_keys": {"mask": "right_bounded"},
+}
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["packed_equals_per_sequence_and_padded"]))
+def test_packed_equals_per_sequence_and_padded(case):
+    catalog.run("packed_equals_per_sequence_and_padded", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["gqa_equals_repeated_kv"]))
+def test_gqa_equals_repeated_kv(case):
+    catalog.run("gqa_equals_repeated_kv", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["batch_permutation"]))
+def test_batch_permutation(case):
+    catalog.run("batch_permutation", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["sink_equals_zero_value_key"]))
+@example(case=dataclasses.replace(EMPTY, sinks=True))  # the extra key of an empty K was empty too
+def test_sink_equals_zero_value_key(case):
+    catalog.run("sink_equals_zero_value_key", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["row_shift_changes_nothing"]))
+# unfused normalized 2-key rows of bias 300 by the given lse: dk 2.4e3 times over (found once unfiltered)
+@example(case=Case(layout="thd", lengths_q=(0, 29, 0), lengths_k=(0, 2, 0), heads_q=2, heads_kv=2, head_dim_qk=2,
+                   head_dim_v=1, bias="BH", bias_scale=300.0, rope=True, strided=True))
+def test_row_shift_changes_nothing(case):
+    catalog.run("row_shift_changes_nothing", case)
+
+
+@pytest.mark.L0
+@given(case=cases("cpu", **DRAWS["causal_prefix_ignores_later_keys"]))
+@example(case=dataclasses.replace(EMPTY, causal=True))  # the bit comparison of empty outputs raised
+def test_causal_prefix_ignores_later_keys(case):
+    catalog.run("causal_prefix_ignores_later_keys", case)
+
+
+@pytest.mark.L1
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", DRAWS)
+@given(data=st.data())
+def test_identity_gpu(name, data):
+    catalog.run(name, data.draw(cases("gpu", **DRAWS[name]), label="case"))

@@ -1,0 +1,95 @@
+"""CPU: the frost-mutate catalogue applies, covers the fault families, and the runner judges honestly.
+
+The GPU run itself (every mutant against ``pytest -m "L0 and gpu"``) is a command, not a test;
+these check what can go wrong without a GPU: a mutant whose text no longer matches its kernel
+(it would silently test nothing), a mutated file that no longer parses, a checkout touched by a
+run, a verdict that counts a broken run or a skip-only baseline as a pass.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from frost_harness.fuzz import mutate
+from frost_harness.fuzz.mutants import CATALOGUE, Mutant
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.L0
+def test_catalogue_is_large_and_covers_every_fault_family():
+    assert len(CATALOGUE) >= 25
+    assert len({m.name for m in CATALOGUE}) == len(CATALOGUE)
+    families = {m.category for m in CATALOGUE}
+    assert {"mask", "block range", "gqa", "scale", "sinks", "thd", "lse/D", "partial head dim", "race",
+            "zeroing"} <= families
+    # both sides of the band, in the element mask and in the block ranges
+    names = {m.name for m in CATALOGUE}
+    assert {"mask-right-edge", "mask-left-edge", "n-range-right", "n-range-left", "m-range-right",
+            "m-range-left"} <= names
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("mutant", CATALOGUE, ids=lambda m: m.name)
+def test_each_mutant_matches_its_kernel_once_and_still_parses(mutant: Mutant):
+    text = (ROOT / mutant.path).read_text()
+    assert text.count(mutant.find) == 1, f"{mutant.name}: its text no longer matches {mutant.path}"
+    assert mutant.find != mutant.replace
+    ast.parse(text.replace(mutant.find, mutant.replace))
+
+
+@pytest.mark.L0
+def test_apply_writes_only_the_copy(tmp_path):
+    mutant = CATALOGUE[0]
+    original = (ROOT / mutant.path).read_text()
+    copy = tmp_path / "tree"
+    (copy / Path(mutant.path).parent).mkdir(parents=True)
+    (copy / mutant.path).write_text(original)
+    mutant.apply(copy)
+    assert (copy / mutant.path).read_text() == original.replace(mutant.find, mutant.replace)
+    assert (ROOT / mutant.path).read_text() == original
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        mutant.apply(copy)  # applied twice: its text is gone
+
+
+@pytest.mark.L0
+def test_classify_counts_only_failing_tests_as_kills():
+    assert mutate.classify(0, "12 passed") == ("survived", "")
+    assert mutate.classify(1, "FAILED frost_harness/suites/sm80/test_bwd_gpu.py::test_x[a] - AssertionError\n1 failed") == (
+        "killed", "frost_harness/suites/sm80/test_bwd_gpu.py::test_x[a]")
+    assert mutate.classify(None, "") == ("timed out", "")
+    assert mutate.classify(2, "Interrupted: 1 error during collection")[0] == "broken"
+    assert mutate.classify(1, "no FAILED line at all")[0] == "broken"
+
+
+@pytest.mark.L0
+def test_score_leaves_equivalents_out_and_counts_hangs():
+    outcomes = [mutate.Outcome("a", "mask", "killed"), mutate.Outcome("b", "mask", "timed out"),
+                mutate.Outcome("c", "mask", "survived"), mutate.Outcome("d", "mask", "equivalent"),
+                mutate.Outcome("e", "mask", "not run")]
+    assert mutate.score(outcomes) == (2, 3)
+
+
+@pytest.mark.L0
+def test_list_works_without_a_gpu_and_a_run_refuses(capsys):
+    assert mutate.main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(m.name in listed for m in CATALOGUE) and f"{len(CATALOGUE)} mutants" in listed
+    import torch
+
+    if not torch.cuda.is_available():
+        assert mutate.main(["--only", CATALOGUE[0].name]) == 2
+        assert "need a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.L0
+def test_write_report(tmp_path):
+    args = mutate.main.__globals__["argparse"].Namespace(marker="L0 and gpu", suites=["frost_harness/suites/sm80"])
+    head = mutate.write_report([mutate.Outcome("a", "mask", "killed", "t::x", 3.0, "why"),
+                                mutate.Outcome("b", "race", "survived", "", 9.0, "why")], tmp_path, args)
+    assert head == "# Mutation score: 1 of 2 killed (50%)"
+    table = (tmp_path / "mutants.md").read_text()
+    assert table.index("| b |") < table.index("| a |")  # survivors first
+    assert (tmp_path / "mutants.json").exists()

@@ -1,0 +1,113 @@
+"""The nightly runner: its arguments, the GPU of each xdist worker, and one short run end to end.
+
+The device assignment is tested with a fake device list on the CPU (issue 7): the
+mapping function alone, then ``frost-fuzz`` with two workers and the list "7,3",
+where each worker must have seen its own ``CUDA_VISIBLE_DEVICES`` in the records.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import pandas as pd
+import pytest
+
+from frost_harness.fuzz import devices, nightly
+
+pytestmark = pytest.mark.L0
+
+
+def test_worker_gets_its_device_round_robin():
+    listed = ["7", "3"]
+    assert [devices.for_worker(f"gw{k}", listed) for k in range(5)] == ["7", "3", "7", "3", "7"]
+    assert devices.for_worker(None, listed) == "7" and devices.for_worker("main", listed) == "7"
+    assert [devices.for_worker(f"gw{k}", ["0", "0", "1", "1"]) for k in range(4)] == ["0", "0", "1", "1"]
+    with pytest.raises(ValueError, match="no devices"):
+        devices.for_worker("gw0", [])
+
+
+def test_device_lists_and_assignment(monkeypatch):
+    assert devices.parse("0, 1,3") == ["0", "1", "3"] and devices.parse("none") == [] and devices.parse("") == []
+    with pytest.raises(ValueError, match="comma-separated"):
+        devices.parse("0,,1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    assert devices.parse("auto") == ["2", "5"]
+    environ = {devices.ENV: "7,3", "PYTEST_XDIST_WORKER": "gw1"}
+    assert devices.assign(environ) == "3" and environ["CUDA_VISIBLE_DEVICES"] == "3"
+    untouched = {"PYTEST_XDIST_WORKER": "gw1"}
+    assert devices.assign(untouched) is None and "CUDA_VISIBLE_DEVICES" not in untouched
+
+
+def test_runner_arguments():
+    assert [nightly.parse_budget(text) for text in ("90s", "30m", "2h", "45", "1.5m")] == [90, 1800, 7200, 45, 90]
+    assert nightly.parse_shard("2/4") == (2, 4)
+    for bad in ("0/4", "5/4", "2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            nightly.parse_shard(bad)
+    with pytest.raises(argparse.ArgumentTypeError):
+        nightly.parse_budget("soon")
+    assert len({nightly.run_seed(20261202, (k, 4)) for k in range(1, 5)}) == 4
+    command = nightly.pytest_command("gpu", 4, nightly.ROOT / "out", 1e9, 5, ["-x"])
+    assert command[command.index("-m", 3) + 1] == "fuzz and gpu" and command[-4:] == ["4", "--dist", "each", "-x"]
+
+
+def test_two_workers_each_use_their_own_device(tmp_path):
+    """frost-fuzz end to end on the CPU with a fake device list: every worker's rows carry its device."""
+    started = time.time()
+    # 40 s: two workers start torch and collect on a 2-core machine that runs other tests beside
+    # A fixed night seed: the default (today's date) would make CI search new ground every day.
+    status = nightly.main(["--budget", "40s", "--regime", "cpu", "--devices", "7,3", "--workers", "2", "--seed", "1",
+                           "--out", str(tmp_path / "run"), "--", "-k", "forward_matches or routing"])  # fmt: skip
+    elapsed = time.time() - started
+    assert status == 0
+    assert elapsed < 70, f"a 40 s budget took {elapsed:.0f} s"
+    run = tmp_path / "run"
+    logs = sorted((run / "records").glob("fuzz-*.jsonl"))
+    assert [path.name for path in logs] == ["fuzz-gw0.jsonl", "fuzz-gw1.jsonl"], "a worker ran no fuzz chunk"
+    chunks = pd.concat(pd.read_json(path, lines=True) for path in logs)
+    assert dict(zip(chunks["worker"], chunks["gpu"].astype(str))) == {"gw0": "7", "gw1": "3"}
+    tests = set(chunks["test_id"].str.rsplit("::", n=1).str[1])
+    assert tests == {"test_forward_matches_oracle", "test_routing_is_stable"}
+    assert (chunks["examples"] > 0).all() and chunks["seed"].nunique() == len(chunks)
+    cases = pd.read_csv(run / "cases.csv.gz", dtype={"gpu": str})
+    assert set(zip(cases["worker"], cases["gpu"])) == {("gw0", "7"), ("gw1", "3")}
+    assert set(cases["property"]) == {"forward_matches_oracle"}
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["key"] == "fuzz-cpu" and meta["devices"] == "7,3" and meta["workers"] == 2
+    assert all((run / name).exists() for name in ("stats.csv", "fuzz.md", "report.html", "routing.md"))
+
+    merged = tmp_path / "merged"
+    assert nightly.main(["--merge", str(run), str(run), "--out", str(merged)]) == 0
+    assert len(pd.read_csv(merged / "cases.csv.gz")) == 2 * len(cases)
+
+
+def test_status_line_sums_the_workers_progress(tmp_path):
+    """The runner's live line reads what each worker's budget writes (at most once a second)."""
+    from frost_harness.fuzz import budget
+
+    for worker, examples, failures in (("gw0", 3, 0), ("gw1", 5, 1)):
+        active = budget.Budget(until=time.time() + 60, seed=1, worker=worker, progress=tmp_path / f"progress-{worker}.json")
+        active.examples_total, active.chunks_failed = examples, failures
+        active.write_progress()
+        active.examples_total += 100
+        active.write_progress()  # within the second: not written
+    assert nightly.status_line(tmp_path, 125.4) == "frost-fuzz: 8 examples, 1 failures, 2:05 left"
+    (tmp_path / "progress-gw2.json").write_text("{half a fi")  # being replaced: skipped, not fatal
+    assert nightly.status_line(tmp_path, -3) == "frost-fuzz: 8 examples, 1 failures, 0:00 left"
+
+
+@pytest.mark.L0
+def test_a_gpu_night_judged_mostly_on_native_engines_fails():
+    import pandas as pd
+
+    from frost_harness.fuzz.nightly import MIN_OWN_SHARE, own_engine_shortfall
+
+    def frame(native: list[bool]):
+        return pd.DataFrame({"native": native})
+
+    assert own_engine_shortfall(frame([True] * 10), "cpu") is None  # the CPU regime has no frost engine
+    assert "0 of 10 cases" in own_engine_shortfall(frame([True] * 10), "gpu")
+    assert "0 of 0 cases" in own_engine_shortfall(frame([]), "gpu")
+    enough = int(10 * MIN_OWN_SHARE + 0.999)
+    assert own_engine_shortfall(frame([False] * enough + [True] * (10 - enough)), "gpu") is None

@@ -1,0 +1,76 @@
+"""Fuzz: every engine that accepts a drawn problem agrees with the float64 oracle.
+
+``cpu`` tests run in L0 under the ``ci`` profile against the native engines (the SM80
+engines decline CPU problems); ``gpu`` tests draw larger problems on CUDA, where frost's
+own engines take part. Every drawn problem is judged; only the outputs the contract's known
+limit exempts go unjudged (``frost_harness.oracle.tolerance.known_limit``). Pinned ``@example``s are
+failures found once and kept in L0.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given
+
+from frost_harness.fuzz import catalog, strategies
+from frost_harness.suites.harness import Case
+
+pytestmark = pytest.mark.fuzz
+
+
+@pytest.mark.L0
+@given(case=strategies.cases("cpu"))
+# pinned: torch's CPU flash kernel in fp16 summed rounded probabilities (lse L2 ratio 3.4)
+@example(case=Case(dtype=torch.float16, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim_qk=1,
+                   head_dim_v=1, scale=0.05, strided=True))
+# pinned: o of 4 elements failed rule 2 alone (L2 ratio 1.02) on an honest engine: rule 2 judges 64 or more
+@example(case=Case(dtype=torch.float16, layout="thd", batch=2, seqlen_q=24, seqlen_k=24, lengths_q=(0, 1, 0, 0, 1),
+                   lengths_k=(0, 1, 0, 0, 1), tail_q=4, tail_k=4, heads_q=1, heads_kv=1, head_dim_qk=2, head_dim_v=2,
+                   causal=True, causal_align="bottom_right", window=(-1, 0), sinks=True, sink_scale=0.5, rope=True,
+                   scale=0.3, strided=True, seed=1))
+# pinned: 5 computed values among 60 padded zeros of o; L2 ratio 1.12 on unfused (frost_harness.oracle.tolerance)
+@example(case=Case(dtype=torch.bfloat16, layout="bshd", batch=1, seqlen_q=13, seqlen_k=24, lengths_q=(1,),
+                   lengths_k=(14,), heads_q=5, heads_kv=1, head_dim_qk=1, head_dim_v=1, window=(0, -1), sinks=True,
+                   scale=1.0, logit_scale=4.0, strided=True, seed=29737))
+def test_forward_matches_oracle(case):
+    catalog.run("forward_matches_oracle", case)
+
+
+@pytest.mark.L0
+@given(case=strategies.backward_cases("cpu"))
+# pinned: a sequence without keys and without a sink made the backward filter raise
+@example(case=Case(layout="thd", lengths_q=(3, 20), lengths_k=(0, 20), head_dim_qk=16))
+# pinned: torch's CPU flash backward in bf16 missed the rule (fixed by running it on float32 copies)
+@example(case=Case(dtype=torch.bfloat16, batch=3, seqlen_q=9, seqlen_k=2, heads_q=1, heads_kv=1, head_dim_qk=11,
+                   head_dim_v=11, causal=True, scale=1.0, strided=True, seed=1))
+# pinned, found once the backward filter was gone (each failed before its fix):
+# torch-sdpa took D from the given o, rounded to bf16: dq 3.6 times over the rule on 2-key rows
+@example(case=Case(batch=3, seqlen_q=2, seqlen_k=2, head_dim_qk=16, head_dim_v=16, logit_scale=4.0, seed=2338))
+# unfused normalized its fp32 logits of magnitude ~500 by the given (oracle's) lse: dq 2e6 times over
+@example(case=Case(dtype=torch.float16, batch=3, seqlen_q=2, seqlen_k=6, lengths_q=(1, 1, 2), lengths_k=(0, 0, 3),
+                   heads_q=7, heads_kv=1, head_dim_qk=40, head_dim_v=40, causal=True, window=(106, -1), scale=2.0,
+                   logit_scale=16.0, seed=3632))
+# unfused formed dP - D of peaked rows (spread 3e-7) as a difference: dq 1% off, 6 times over
+@example(case=Case(dtype=torch.float16, batch=1, seqlen_q=2, seqlen_k=16, heads_q=6, heads_kv=3, head_dim_qk=56,
+                   head_dim_v=56, causal=True, causal_align="bottom_right", window=(65, -1), bias="B1",
+                   bias_dtype=torch.float16, bias_scale=30.0, sinks=True, sink_scale=20.0, logit_scale=4.0, seed=7897))
+# the oracle itself lost ds of rows peaked beyond float64's epsilon (logits 46 apart)
+@example(case=Case(batch=2, seqlen_q=18, seqlen_k=2, heads_q=5, heads_kv=1, head_dim_qk=8, head_dim_v=8, causal=True,
+                   causal_align="bottom_right", window=(2, 0), bias="B1", bias_dtype=torch.bfloat16, bias_scale=30.0,
+                   seed=1477))
+def test_backward_matches_oracle(case):
+    catalog.run("backward_matches_oracle", case)
+
+
+@pytest.mark.L1
+@pytest.mark.gpu
+@given(case=strategies.cases("gpu"))
+def test_forward_matches_oracle_gpu(case):
+    catalog.run("forward_matches_oracle", case)
+
+
+@pytest.mark.L1
+@pytest.mark.gpu
+@given(case=strategies.backward_cases("gpu"))
+def test_backward_matches_oracle_gpu(case):
+    catalog.run("backward_matches_oracle", case)

@@ -1,0 +1,87 @@
+"""The feature grid the SM80 GPU suites share: one harness Case per feature of the engines' rows.
+
+The forward and the backward suites draw from the same grid; the backward
+differs only where the acceptance rule needs it (``BACKWARD_CHANGES``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from frost_harness.suites.harness import Case
+
+DTYPES = (torch.bfloat16, torch.float16)
+HEAD_DIMS = ((128, 128), (64, 64), (96, 96), (72, 40), (48, 64), (32, 32))
+BASE = Case(device="cuda", seqlen_q=300, seqlen_k=300, heads_q=4, heads_kv=4)
+
+FEATURES = {
+    "dense": dict(),
+    "strided": dict(strided=True),
+    "causal": dict(causal=True),
+    "causal_br_sq_lt_sk": dict(causal=True, causal_align="bottom_right", seqlen_q=150, seqlen_k=333),
+    "causal_br_sq_gt_sk": dict(causal=True, causal_align="bottom_right", seqlen_q=333, seqlen_k=150),
+    "window_left": dict(window=(40, -1)),
+    "window_right": dict(window=(-1, 24)),
+    "window_both": dict(window=(37, 5)),
+    "window_zero": dict(window=(0, 0)),
+    "window_wider_than_seq": dict(window=(1000, 1000)),
+    "window_br": dict(window=(30, 10), causal_align="bottom_right", seqlen_q=100, seqlen_k=260),
+    "padding": dict(lengths_q=(257, 0), lengths_k=(190, 260)),
+    "padding_causal_br": dict(lengths_q=(257, 120), lengths_k=(190, 0), causal=True, causal_align="bottom_right"),
+    "gqa": dict(heads_q=8, heads_kv=2, causal=True),
+    "mqa": dict(heads_q=6, heads_kv=1, window=(50, 0)),
+    "sinks": dict(sinks=True),
+    "sinks_empty_rows": dict(sinks=True, window=(0, 0), causal_align="bottom_right", seqlen_q=300, seqlen_k=100),
+    "large_logits": dict(logit_scale=30.0),
+    "thd": dict(layout="thd", lengths_q=(96, 0, 160, 33), lengths_k=(96, 7, 160, 64), tail_q=5, tail_k=3),
+    "thd_causal_gqa": dict(layout="thd", lengths_q=(200, 1, 0, 130), lengths_k=(200, 2, 9, 150), causal=True,
+                           heads_q=8, heads_kv=2, tail_q=3, tail_k=2),
+    "thd_br_window_sinks": dict(layout="thd", lengths_q=(70, 300), lengths_k=(150, 90), window=(20, 3),
+                                causal_align="bottom_right", sinks=True),
+    "single_row": dict(seqlen_q=1, seqlen_k=517, causal=True, causal_align="bottom_right"),
+    # Band edges on tile boundaries. Every tile the dispatch picks is 64 or 128 rows, so values
+    # 127 / 128 / 129 (and 255 / 256 / 257) sit at -1 / 0 / +1 modulo each of them: sequence ends,
+    # bottom-right offsets (Sk - Sq) and window sizes that land on a tile's first or last row or key.
+    "edge_lengths": dict(seqlen_q=257, seqlen_k=255, causal=True),
+    "edge_br_offset_0": dict(causal=True, causal_align="bottom_right", seqlen_q=129, seqlen_k=257),
+    "edge_br_offset_m1": dict(causal=True, causal_align="bottom_right", seqlen_q=130, seqlen_k=257),
+    "edge_br_offset_p1": dict(window=(64, 0), causal_align="bottom_right", seqlen_q=127, seqlen_k=256),
+    "edge_window_127": dict(window=(127, 1)),
+    "edge_window_128": dict(window=(128, 128)),
+    "edge_window_129": dict(window=(129, -1), seqlen_q=385, seqlen_k=385),
+    "edge_thd": dict(layout="thd", lengths_q=(127, 128, 129, 1), lengths_k=(129, 128, 127, 64), causal=True,
+                     causal_align="bottom_right", tail_q=2, tail_k=1),
+    # The CPU twin's hard cases (frost_harness/suites/test_native_engines.py), appended so that the L0 rotation
+    # of the features above stays as it was: every row sees one key plus a sink (spread by the
+    # sink, so nothing is exempt), and large logits with large sinks (fp16 in L0, as the twin).
+    "window_zero_sinks": dict(window=(0, 0), sinks=True),
+    "large_logits_sinks": dict(logit_scale=8.0, sinks=True, sink_scale=20.0),
+}
+
+# The backward keeps every hard case of the forward: window (0, 0) is judged with dq and dk
+# exempt per output (every row sees exactly one key: SEMANTICS.md's known limit,
+# frost_harness.oracle.tolerance.known_limit) and dv judged; sinks_empty_rows' rows see one key plus a sink
+# (or the sink alone) and are judged in full. Only its logits are kept to |s| ~ 8, as the CPU
+# twin's large-logits case, so that fp16 dS stays in range.
+BACKWARD_CHANGES = {
+    "large_logits": dict(logit_scale=8.0),
+}
+
+
+def features(direction: str) -> dict[str, dict]:
+    if direction == "forward":
+        return FEATURES
+    return {name: {**fields, **BACKWARD_CHANGES.get(name, {})} for name, fields in FEATURES.items()}
+
+
+def case(direction: str, feature: str, dtype, dims, seed=0, **more) -> Case:
+    return dataclasses.replace(
+        BASE, dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], seed=seed,
+        **{**features(direction)[feature], **more},
+    )
+
+
+def l0_grid() -> list[tuple]:
+    """Each feature once, dtype and head dims rotating."""
+    return [(feature, DTYPES[i % 2], HEAD_DIMS[i % len(HEAD_DIMS)]) for i, feature in enumerate(FEATURES)]

@@ -1,0 +1,171 @@
+"""CPU: every kernel of the SM80 backward chain compiles (CUTE_DSL_ARCH=sm_80) for every
+params combination the engine can produce (a pairwise-covering subset in L0, all in L1);
+packed token totals and sequence counts reuse one compiled chain; the compiled head-dim
+tile is always the flavor the adapter selected."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import cutlass  # noqa: E402,F401  (a hard dependency: a missing DSL fails these suites, it does not skip them)
+
+from frost.engines.sm80 import Sm80Backward  # noqa: E402
+from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
+from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams  # noqa: E402
+from frost.problem import Problem  # noqa: E402
+from frost_harness.suites.sm80.params_space import admitted_bwd_params, covering_subset  # noqa: E402
+
+ALL = admitted_bwd_params()
+SUBSET = covering_subset(ALL)
+SUBSET_SET = set(SUBSET)
+COMPILE = {BwdPreParams: sm80_compile.compile_bwd_pre, BwdParams: sm80_compile.compile_bwd,
+           BwdDqParams: sm80_compile.compile_bwd_dq, BwdConvertParams: sm80_compile.compile_bwd_convert}  # fmt: skip
+
+
+def _id(p) -> str:
+    return type(p).__name__ + "-" + "-".join(str(v) for v in dataclasses.astuple(p))
+
+
+@pytest.fixture(autouse=True)
+def _cpu_target(monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80")
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("params", SUBSET, ids=_id)
+def test_bwd_chain_compiles_covering_subset(params):
+    assert COMPILE[type(params)](params) is not None
+
+
+@pytest.mark.L1
+@pytest.mark.parametrize("params", [p for p in ALL if p not in SUBSET_SET], ids=_id)
+def test_bwd_chain_compiles_every_admitted_combination(params):
+    assert COMPILE[type(params)](params) is not None
+
+
+@pytest.mark.L0
+def test_admitted_chain_covers_every_kernel_and_mode():
+    kinds = {type(p) for p in ALL}
+    assert kinds == {BwdPreParams, BwdParams, BwdDqParams, BwdConvertParams}
+    mains = [p for p in ALL if isinstance(p, BwdParams)]
+    assert {p.deterministic for p in mains} == {False, True}
+    assert {p.dq_reduce_width for p in mains} == {1, 4}
+    assert {p.split_group for p in mains} == {False, True}
+    assert {p.heavy_first for p in mains} == {False, True}
+    assert {p.dq_ordered for p in mains} == {False, True}
+    assert all(p.validate() is p for p in ALL)
+    # every new field of every record is compiled in L0 with each of its values
+    for kind in kinds:
+        for field in dataclasses.fields(kind):
+            values = {getattr(p, field.name) for p in ALL if isinstance(p, kind)}
+            assert values == {getattr(p, field.name) for p in SUBSET if isinstance(p, kind)}, (kind, field.name)
+
+
+def _packed_problem(lengths, head_dim=64, deterministic=False, sinks=False):
+    total = sum(lengths)
+    q = torch.randn(total + 5, 4, head_dim, dtype=torch.bfloat16)
+    k = torch.randn(total + 3, 2, head_dim, dtype=torch.bfloat16)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    lse = torch.randn(4, total + 5)
+    return Problem.from_call(
+        "backward", q, k, k, o=q, lse=lse, do=q, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
+        deterministic=deterministic, sinks=torch.zeros(4) if sinks else None,
+    )
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_thd_token_totals_and_sequence_counts_reuse_one_chain(deterministic):
+    engine = Sm80Backward()  # compile() needs no GPU; check_support would decline on CPU
+    first = _packed_problem([96, 160], deterministic=deterministic)
+    engine.compile(first)
+    before = sm80_compile.BWD_CACHE.stats()
+    second = _packed_problem([64, 256], deterministic=deterministic)
+    assert second.total_q != first.total_q or second.seqlen_q != first.seqlen_q
+    engine.compile(second)
+    after = sm80_compile.BWD_CACHE.stats()
+    chain_length = 3  # bwd_pre, bwd, then bwd_dq (deterministic) or bwd_convert
+    assert after.compiles == before.compiles, "a new token total recompiled part of the chain"
+    assert after.hits == before.hits + chain_length
+    engine.compile(_packed_problem([64, 100, 30], deterministic=deterministic))
+    assert sm80_compile.BWD_CACHE.stats().compiles == after.compiles, "a new number of sequences recompiled"
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("head_dim, flavor, tile", [(64, "d64", 64), (40, "d64", 64), (128, "d128", 128),
+                                                     (72, "d128", 128)])
+def test_compiled_head_dim_tile_is_the_selected_flavor(head_dim, flavor, tile):
+    plan = Sm80Backward().compile(_packed_problem([33, 70], head_dim=head_dim, deterministic=True, sinks=True))
+    assert all(p.flavor == flavor and p.tile_hdim_qk == p.tile_hdim_v == tile for p in plan.params), plan.params
+    # and the artifacts that were compiled for it are keyed by exactly those records
+    keys = {key[1] for key in sm80_compile.BWD_CACHE.keys()}
+    assert set(plan.params) <= keys
+
+
+@pytest.mark.L0
+def test_wide_dq_reductions_compile_for_sm90_and_refuse_the_deterministic_mode():
+    """dq_reduce_width 4 (red.global.add.v4.f32) compiles for sm_90 whatever CUTE_DSL_ARCH says
+    (the record raises its own target); with deterministic=True there are no reductions."""
+    default = next(p for p in SUBSET if isinstance(p, BwdParams) and not p.deterministic)
+    wide = dataclasses.replace(default, dq_reduce_width=4)
+    assert wide.target_arch == "sm_90" and default.target_arch == "sm_80"
+    assert sm80_compile.compile_bwd(wide) is not None
+    with pytest.raises(ValueError, match="one float at a time"):
+        dataclasses.replace(default, deterministic=True, dq_reduce_width=4).validate()
+    with pytest.raises(ValueError, match="dq_reduce_width"):
+        dataclasses.replace(default, dq_reduce_width=3).validate()
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("heads, lengths, sms, want", [
+    ((32, 8), (4096,) * 2, 132, 1),   # 32 key blocks x 8 kv heads x 2 = 512 CTAs: already ~4 waves
+    ((8, 1), (4096,) * 2, 132, 4),    # MQA: 64 CTAs -> 4 of the group's 8 heads per split
+    ((8, 2), (2048,) * 4, 132, 2),
+    ((8, 8), (128,), 132, 1),         # MHA never splits
+    ((6, 1), (128,), 132, 6),         # under two waves even fully split: the whole group
+])
+def test_group_split_reaches_two_waves(heads, lengths, sms, want):
+    from frost.engines.sm80 import group_split
+
+    b, s = len(lengths), lengths[0]
+    q = torch.randn(b, s, heads[0], 64, dtype=torch.bfloat16)
+    k = torch.randn(b, s, heads[1], 64, dtype=torch.bfloat16)
+    problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(b, heads[0], s), do=q, causal=True)
+    assert group_split(problem, 128, sms) == want
+
+
+@pytest.mark.L0
+def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
+    """With ordered_dq the deterministic chain is bwd_pre (zeroing accumulator and counters), the
+    main kernel reducing dQ in order, and bwd_convert: no bwd_dq pass; its records say so."""
+    q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 2, 64, dtype=torch.bfloat16)
+    problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True,
+                                deterministic=True)
+    ordered = Sm80Backward(ordered_dq=True).compile(problem)
+    pre, main, last = ordered.params
+    assert main.deterministic and main.dq_ordered and main.heavy_first
+    assert pre.dq_counters and pre.accum_tile_m == main.tile_m and isinstance(last, BwdConvertParams)
+    recompute = Sm80Backward().compile(problem)
+    assert isinstance(recompute.params[2], BwdDqParams) and not recompute.params[1].dq_ordered
+    with pytest.raises(ValueError, match="dq_ordered"):
+        dataclasses.replace(main, heavy_first=False).validate()
+    with pytest.raises(ValueError, match="dq_ordered"):
+        dataclasses.replace(main, deterministic=False).validate()
+
+
+@pytest.mark.L0
+def test_split_plan_reports_the_partials_in_its_workspace():
+    """A split plan carries the split count and sizes fp32 dK / dV partials (one per split) in its
+    workspace; unsplit, none."""
+    q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 1, 64, dtype=torch.bfloat16)
+    problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True)
+    split = Sm80Backward(split=4).compile(problem)
+    whole = Sm80Backward(split=1).compile(problem)
+    assert split.splits == 4 and split.params[1].split_group and not whole.params[1].split_group
+    partials = 2 * 4 * (2 * 300 * 1 * 64) * 4
+    assert split.workspace_bytes - whole.workspace_bytes >= partials

@@ -1,0 +1,95 @@
+"""CPU: the SM80 forward traces and compiles (CUTE_DSL_ARCH=sm_80) for every params
+combination its Capabilities row admits (a covering subset in L0, all in L1), and one
+compiled artifact serves every packed token total and number of sequences."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import cutlass  # noqa: E402,F401  (a hard dependency: a missing DSL fails these suites, it does not skip them)
+
+from frost.engines.sm80 import Sm80Forward  # noqa: E402
+from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
+from frost.kernels.sm80.config import FLAVORS, FwdParams  # noqa: E402
+from frost.problem import Problem  # noqa: E402
+from frost_harness.suites.sm80.params_space import admitted_fwd_params, covering_subset  # noqa: E402
+
+ALL = admitted_fwd_params()
+SUBSET = covering_subset(ALL)
+SUBSET_IDS = set(SUBSET)
+
+
+def _id(p: FwdParams) -> str:
+    return "-".join(str(v) for v in dataclasses.astuple(p))
+
+
+@pytest.fixture(autouse=True)
+def _cpu_target(monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80")
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("params", SUBSET, ids=_id)
+def test_fwd_compiles_covering_subset(params):
+    assert sm80_compile.compile_fwd(params) is not None
+
+
+@pytest.mark.L1
+@pytest.mark.parametrize("params", [p for p in ALL if p not in SUBSET_IDS], ids=_id)
+def test_fwd_compiles_every_admitted_combination(params):
+    assert sm80_compile.compile_fwd(params) is not None
+
+
+@pytest.mark.L0
+def test_admitted_space_is_what_the_row_promises():
+    # every flavor, both layouts and padding, every mask flag, sinks; nothing invalid
+    assert {p.flavor for p in ALL} == set(FLAVORS)
+    assert {(p.layout, p.has_seqlens) for p in ALL} == {("bshd", False), ("bshd", True), ("thd", False)}
+    assert all(p.validate() is p for p in ALL)
+    assert len(ALL) > 100 and len(SUBSET) < 20
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize(
+    "change, rule",
+    [
+        (dict(layout="thd", has_seqlens=True), "padding seqlens apply to the dense layout only"),
+        (dict(bottom_right=True, has_window_left=False, has_window_right=False), "bottom_right alignment"),
+        (dict(tile_m=96), "tile_m must be"),
+        (dict(tile_n=40), "tile_n must be"),
+        (dict(flavor="d512"), "flavor must be"),
+        (dict(tile_m=512, tile_n=256, flavor="d128"), "shared memory"),
+    ],
+)
+def test_invalid_params_name_the_rule(change, rule):
+    with pytest.raises(ValueError, match=rule):
+        dataclasses.replace(SUBSET[0], **change).validate()
+
+
+def _packed_problem(lengths, dtype=torch.bfloat16, head_dim=64):
+    total = sum(lengths)
+    q = torch.randn(total + 5, 4, head_dim, dtype=dtype)
+    k = torch.randn(total + 3, 2, head_dim, dtype=dtype)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor([n + 1 for n in lengths]).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k[-1] = min(int(cu_k[-1]), total + 3)
+    return Problem.from_call("forward", q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cu_k, causal=True)
+
+
+@pytest.mark.L0
+def test_thd_token_totals_and_sequence_counts_reuse_one_artifact():
+    engine = Sm80Forward()  # compile() needs no GPU; check_support would decline on CPU
+    first = _packed_problem([96, 160])
+    engine.compile(first)  # compiles, or hits if another test compiled these params
+    before = sm80_compile.FWD_CACHE.stats()
+    second = _packed_problem([64, 256])
+    assert (second.total_q, second.seqlen_q) != (first.total_q, first.seqlen_q)
+    engine.compile(second)
+    after = sm80_compile.FWD_CACHE.stats()
+    assert after.compiles == before.compiles, "a new token total recompiled"
+    assert after.hits >= before.hits + 1
+    engine.compile(_packed_problem([64, 100, 30]))  # a different number of sequences: dynamic too
+    assert sm80_compile.FWD_CACHE.stats().compiles == after.compiles, "a new number of sequences recompiled"

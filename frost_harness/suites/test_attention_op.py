@@ -1,0 +1,192 @@
+"""``frost.attention``: the torch.library custom ops, their autograd, opcheck and torch.compile."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import frost
+import frost_harness.oracle.baseline
+import frost_harness.oracle.reference
+import frost_harness.oracle.tolerance
+from frost.dispatch import ledger
+from frost_harness.suites.harness import Case, make_inputs
+
+BF16 = torch.bfloat16
+
+OP_CASES = {
+    "dense-gqa-causal": Case(heads_q=4, heads_kv=2, causal=True, seqlen_q=6, seqlen_k=9, head_dim_qk=8),
+    "dense-bias-sinks-rope": Case(bias="1H", sinks=True, rope=True, seqlen_q=5, seqlen_k=7, head_dim_qk=8,
+                                  heads_q=2, heads_kv=2),  # fmt: skip
+    "thd-window-bias": Case(layout="thd", lengths_q=(3, 0, 5), lengths_k=(4, 2, 6), tail_q=2, window=(2, 1),
+                            bias="BH", heads_q=2, heads_kv=1, head_dim_qk=8),  # fmt: skip
+}
+
+
+def _differentiable(inputs):
+    """q, k, v and the float keywords (bias, sinks) as leaves that require grad."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (inputs.q, inputs.k, inputs.v))
+    keywords = dict(inputs.keywords)
+    for name in ("bias", "sinks"):
+        if keywords.get(name) is not None:
+            keywords[name] = keywords[name].detach().clone().requires_grad_()
+    return q, k, v, keywords
+
+
+def _op_arguments(q, k, v, keywords):
+    """The ops' arguments after the leading tensors: the optional tensors, then the settings index."""
+    keywords = dict(keywords)
+    window_left, window_right = keywords.pop("window")
+    keywords["rope_cos"], keywords["rope_sin"] = keywords.pop("rope", None) or (None, None)
+    optional = tuple(keywords.pop(name, None) for name in frost.ops.OPTIONAL_TENSORS)
+    settings = frost.ops.settings_id(
+        keywords.pop("scale", None), keywords.pop("causal", False), keywords.pop("causal_align", "top_left"),
+        window_left, window_right, keywords.pop("max_seqlen_q", None), keywords.pop("max_seqlen_k", None),
+        keywords.pop("deterministic", False), keywords.pop("engine", None),
+    )  # fmt: skip
+    assert not keywords, keywords
+    return (q, k, v), (*optional, settings)
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("name", OP_CASES)
+def test_opcheck_forward_op(name):
+    leading, rest = _op_arguments(*_differentiable(make_inputs(OP_CASES[name])))
+    torch.library.opcheck(torch.ops.frost.sdpa_forward.default, (*leading, *rest))
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("name", OP_CASES)
+def test_opcheck_backward_op(name):
+    inputs = make_inputs(OP_CASES[name])
+    o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
+    (q, k, v), rest = _op_arguments(inputs.q, inputs.k, inputs.v, inputs.keywords)
+    torch.library.opcheck(torch.ops.frost.sdpa_backward.default, (inputs.do, q, k, v, o, lse, *rest))
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("name", OP_CASES)
+def test_attention_forward_and_autograd_match_oracle(name):
+    case = OP_CASES[name]
+    inputs = make_inputs(case)
+    q, k, v, keywords = _differentiable(inputs)
+    o = frost.attention(q, k, v, **keywords)
+    o.backward(inputs.do)
+    kw = inputs.keywords
+    reference = frost_harness.oracle.reference.forward(inputs.q, inputs.k, inputs.v, **kw)[0]
+    baseline = frost_harness.oracle.baseline.forward(inputs.q, inputs.k, inputs.v, **kw)[0]
+    verdicts = frost_harness.oracle.tolerance.check({"o": o.detach()}, {"o": reference}, {"o": baseline}, io_dtype=case.dtype)
+    grads = frost.Grads(q.grad, k.grad, v.grad, *(keywords[n].grad if n in keywords else None for n in ("bias", "sinks")))
+    ref = frost_harness.oracle.reference.backward(inputs.do, inputs.q, inputs.k, inputs.v, **kw)
+    base = frost_harness.oracle.baseline.backward(inputs.do, inputs.q, inputs.k, inputs.v, **kw)
+    verdicts |= frost_harness.oracle.tolerance.check_backward(grads, ref, base, io_dtype=case.dtype)
+    assert all(v.passed for v in verdicts.values()), frost_harness.oracle.tolerance.summary(verdicts)
+
+
+@pytest.mark.L0
+def test_lse_carries_no_gradient_and_engine_forces_both_directions():
+    inputs = make_inputs(Case(heads_q=4, heads_kv=2, seqlen_q=6, seqlen_k=6, head_dim_qk=8))
+    q, k, v, keywords = _differentiable(inputs)
+    mark = ledger.mark()
+    o = frost.attention(q, k, v, **keywords, engine="unfused", deterministic=True)
+    o.sum().backward()  # a stride-0 gradient
+    forward, backward = ledger.since(mark)
+    assert (forward.engine, backward.engine, backward.problem.deterministic) == ("unfused", "unfused", True)
+    leading, rest = _op_arguments(q, k, v, {**keywords, "deterministic": True})
+    _, lse = torch.ops.frost.sdpa_forward(*leading, *rest)
+    assert not lse.requires_grad
+
+
+def _loss(q, k, v, bias, do):
+    return (frost.attention(q, k, v, causal=True, bias=bias) * do).sum()
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_torch_compile_matches_eager(dynamic):
+    inputs = make_inputs(Case(heads_q=4, heads_kv=2, seqlen_q=8, seqlen_k=8, head_dim_qk=16, bias="11"))
+    eager = _differentiable(inputs)
+    compiled = _differentiable(inputs)
+    _loss(*eager[:3], eager[3]["bias"], inputs.do).backward()
+    torch.compiler.reset()
+    step = torch.compile(_loss, backend="aot_eager", fullgraph=True, dynamic=dynamic)
+    step(*compiled[:3], compiled[3]["bias"], inputs.do).backward()
+    for a, b in zip((*eager[:3], eager[3]["bias"]), (*compiled[:3], compiled[3]["bias"])):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+@pytest.mark.L0
+def test_op_schemas_are_short_and_settings_are_one_int():
+    for op in (torch.ops.frost.sdpa_forward.default, torch.ops.frost.sdpa_backward.default):
+        arguments = op._schema.arguments
+        assert [a.name for a in arguments[-9:]] == [*frost.ops.OPTIONAL_TENSORS, "settings"]
+        assert str(arguments[-1].type) == "int" and all(a.default_value is None for a in arguments)
+    assert len(torch.ops.frost.sdpa_forward.default._schema.arguments) == 12
+
+
+@pytest.mark.L0
+def test_settings_side_table_keeps_values_and_their_types():
+    first = frost.ops.settings_id(0.5, True, "top_left", 3, 0, None, None, False, None)
+    assert frost.ops.settings_id(0.5, True, "top_left", 3, 0, None, None, False, None) == first
+    assert frost.ops.settings_id(0.5, 1, "top_left", 3, 0, None, None, False, None) != first
+    assert frost.ops.settings_id(0.5, True, "top_left", 3, 0, None, None, True, None) != first
+    settings = frost.ops._settings[first]
+    assert settings.forward.window == (3, 0) and not settings.forward.deterministic and settings.engine is None
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("keywords, message", [
+    ({"causal": 1}, "causal: expected a bool"),
+    ({"scale": [0.5]}, "scale: expected a finite number"),
+    ({"causal_align": "middle"}, "causal_align: expected one of"),
+    ({"engine": "sm99"}, "engine: unknown forward engine 'sm99'"),
+])  # fmt: skip
+def test_attention_rejects_bad_settings_like_sdpa_forward(keywords, message):
+    q, k, v = (torch.randn(1, 4, 2, 8, dtype=BF16, requires_grad=True) for _ in range(3))
+    before = ledger.mark()
+    with pytest.raises(ValueError, match="^" + message):
+        frost.attention(q, k, v, **keywords)
+    assert ledger.mark() == before
+
+
+@pytest.mark.L0
+def test_attention_without_grad_records_no_graph_and_reuses_the_plan():
+    inputs = make_inputs(Case(heads_q=2, heads_kv=2, seqlen_q=5, seqlen_k=5, head_dim_qk=8))
+    o = frost.attention(inputs.q, inputs.k, inputs.v, causal=True)
+    hits = frost.plans.cache.stats().hits
+    again = frost.attention(inputs.q, inputs.k, inputs.v, causal=True)
+    assert o.grad_fn is None and frost.plans.cache.stats().hits == hits + 1
+    torch.testing.assert_close(again, o, rtol=0, atol=0)
+    torch.testing.assert_close(o, frost.sdpa_forward(inputs.q, inputs.k, inputs.v, causal=True)[0], rtol=0, atol=0)
+
+
+@pytest.mark.L0
+def test_double_backward_raises():
+    inputs = make_inputs(Case(heads_q=2, heads_kv=2, seqlen_q=4, seqlen_k=4, head_dim_qk=8))
+    q, k, v, _ = _differentiable(inputs)
+    o = frost.attention(q, k, v)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        torch.autograd.grad(o, (q,), inputs.do, create_graph=True)  # the backward op would need a graph
+    (dq,) = torch.autograd.grad(o, (q,), inputs.do)
+    assert dq.grad_fn is None and dq.abs().sum() > 0
+
+
+def _two_settings_loss(q, k, v, sinks, do):
+    first = frost.attention(q, k, v, window=(2, 1), sinks=sinks, deterministic=True)
+    second = frost.attention(q, k, v, causal=True, scale=0.25)
+    return ((first + second) * do).sum()
+
+
+@pytest.mark.L0
+def test_torch_compile_bakes_each_calls_settings():
+    inputs = make_inputs(Case(heads_q=4, heads_kv=2, seqlen_q=8, seqlen_k=8, head_dim_qk=16, sinks=True))
+    eager, compiled = _differentiable(inputs), _differentiable(inputs)
+    loss = _two_settings_loss(*eager[:3], eager[3]["sinks"], inputs.do)
+    loss.backward()
+    torch.compiler.reset()
+    step = torch.compile(_two_settings_loss, backend="aot_eager", fullgraph=True)
+    compiled_loss = step(*compiled[:3], compiled[3]["sinks"], inputs.do)
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, loss, rtol=0, atol=0)
+    for a, b in zip((*eager[:3], eager[3]["sinks"]), (*compiled[:3], compiled[3]["sinks"])):
+        assert a.grad is not None
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)

@@ -1,0 +1,33 @@
+"""Nothing skips silently on a GPU run: ``-m`` expressions that select GPU tests only fail
+without CUDA instead of passing as a run of skips (frost_harness/suites/conftest.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from frost_harness.suites import conftest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("markexpr, gpu_only", [
+    ("L0 and gpu", True), ("gpu", True), ("(L0 or L1) and gpu", True), ("fuzz and gpu", True),
+    ("L0", False), ("L0 and not gpu", False), ("gpu or L1", False), ("", False), ("fuzz and not gpu", False),
+])
+def test_selects_only_gpu_tests(markexpr, gpu_only):
+    assert conftest.selects_only_gpu_tests(markexpr) is gpu_only
+
+
+@pytest.mark.L0
+def test_a_gpu_only_run_without_cuda_is_a_usage_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the GPU-only run is legitimate here")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "L0 and gpu", "-q", "-p", "no:cacheprovider",
+                           "frost_harness/suites/test_graph_capture.py"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]  # pytest's usage-error exit
+    assert "CUDA is not available" in done.stdout + done.stderr

@@ -1,1 +1,0 @@
-"""The Hypothesis property suites (strategies and properties live in ``fuzz/``)."""
