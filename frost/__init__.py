@@ -19,4 +19,6 @@ from frost.ops import attention
 from frost import plans  # noqa: F401  (frost.plans.cache)
 from frost.problem import Grads, Problem
 
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+
 __all__ = ["Decision", "Grads", "Problem", "attention", "route", "sdpa_backward", "sdpa_forward"]

@@ -5,7 +5,8 @@
     frost-mutate --only mask-right-edge,dk-scale-missing --marker "L0 and gpu" frost_harness/suites/sm80
 
 Each mutant of ``frost_harness.fuzz.mutants.CATALOGUE`` is applied to its own temporary copy of the
-repository (the checkout is never touched) and the chosen suites run against that copy with
+packages ``frost`` and ``frost_harness``, from the checkout or from site-packages (which are never
+touched), and the chosen suites (paths relative to that copy's root) run against that copy with
 ``-x``: a failing test kills the mutant (the first one is recorded), a run past ``--timeout``
 kills it as a hang, a clean pass is a survivor. Mutants with a written equivalence argument are
 listed but left out of the score. The unmutated tree runs first and must pass with tests
@@ -27,11 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from frost_harness import invocation
 from frost_harness.fuzz.mutants import CATALOGUE, Mutant
 
-ROOT = Path(__file__).resolve().parents[2]
-SKIP_DIRS = {".git", ".venv", ".gpu", ".gl", ".whl", "frost-out", ".frost", "__pycache__", ".pytest_cache",
-             ".hypothesis", "build", "dist"}
+PACKAGES = ("frost", "frost_harness")  # all a mutant's run needs: the kernels and the suites
+SKIP_DIRS = {"__pycache__", ".pytest_cache", ".hypothesis"}
 DEFAULT_SUITES = ("frost_harness/suites/sm80",)
 
 
@@ -57,19 +58,19 @@ def classify(returncode: int | None, output: str) -> tuple[str, str]:
     return "broken", failed.group(1) if failed else f"pytest exit {returncode}"
 
 
-def copy_tree(dest: Path) -> Path:
-    """The repository's sources (no caches, environments or run folders) under ``dest``."""
+def copy_tree(dest: Path, root: Path = invocation.ROOT) -> Path:
+    """The packages' sources (no caches) from ``root`` (the checkout, or site-packages) under ``dest``."""
     def ignore(_, names):
         return [n for n in names if n in SKIP_DIRS or n.endswith(".pyc")]
 
-    shutil.copytree(ROOT, dest, ignore=ignore, dirs_exist_ok=True)
+    for name in PACKAGES:
+        shutil.copytree(root / name, dest / name, ignore=ignore, dirs_exist_ok=True)
     return dest
 
 
 def run_suites(tree: Path, args) -> tuple[int | None, str, float]:
-    cmd = [sys.executable, "-m", "pytest", "-m", args.marker, *args.suites, "-x", "-q", "-p", "no:cacheprovider"]
-    if args.workers > 1:
-        cmd += ["-n", str(args.workers)]
+    options = ["-m", args.marker, "-x", "-q"] + (["-n", str(args.workers)] if args.workers > 1 else [])
+    cmd = invocation.pytest_command(options, [], [tree / suite for suite in args.suites], root=tree)
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     start = time.monotonic()
     try:
@@ -136,6 +137,8 @@ def main(argv=None) -> int:
     if args.list:
         print(list_catalogue())
         return 0
+    invocation.require_extra("frost-mutate")
+    invocation.check_suites("frost-mutate")
     chosen = [m for m in CATALOGUE if not args.only or m.name in args.only.split(",")]
     import torch
 

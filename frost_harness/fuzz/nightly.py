@@ -4,7 +4,8 @@
                [--regime auto|cpu|gpu] [--seed N] [--out DIR] [-- extra pytest arguments]
     frost-fuzz --merge DIR [DIR ...] --out DIR
 
-Runs the fuzz tests of ``frost_harness/suites/fuzz`` (marker ``fuzz``) of one regime under the
+Runs the fuzz tests of ``frost_harness/suites/fuzz`` (marker ``fuzz``; the suites that came with
+the package, from the current directory: ``frost_harness.invocation``) of one regime under the
 ``nightly`` Hypothesis profile with ``-n WORKERS --dist each``: every worker runs every
 property, each with its own seeds, so adding workers (and GPUs) adds search. The
 ``gpu`` regime (the default where a GPU shows) runs one worker per listed device by
@@ -21,7 +22,7 @@ Seeds: ``--seed`` (default: today's date as YYYYMMDD, printed) is the night's; s
 of N mixes K in, so N machines given the same night seed and ``--shard 1/N`` ..
 ``N/N`` search different ground; every chunk's seed is in the fuzz log.
 
-The run folder (default ``frost-out/fuzz-<regime>-<timestamp>[-shardKofN]``) has the
+The run folder (default ``./frost-out/fuzz-<regime>-<timestamp>[-shardKofN]``) has the
 same format as ``frost-report``'s (``frost_harness.reports.publish``), plus the chunk log; drift is
 measured against the previous run of the same regime. ``--merge`` joins the run
 folders of several shards (or machines) into one report. While pytest runs (its output
@@ -43,10 +44,14 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from frost_harness.fuzz import devices
-from frost_harness.reports import cli, fuzzlog, publish, records, tables, verdict
+from frost_harness import invocation
 
-ROOT = Path(__file__).resolve().parents[2]
+invocation.require_extra("frost-fuzz")  # one line naming the extra, before pandas is imported below
+
+from frost_harness.fuzz import devices  # noqa: E402
+from frost_harness.reports import cli, fuzzlog, publish, records, tables, verdict  # noqa: E402
+
+FUZZ_SUITES = invocation.SUITES / "fuzz"
 REPORT_RESERVE_S = 20.0  # seconds kept at the end of the budget for the report (a fifth of short budgets)
 
 
@@ -71,14 +76,15 @@ def run_seed(night: int, shard: tuple[int, int]) -> int:
 
 
 def pytest_command(regime: str, workers: int, out: Path, until: float, seed: int, extra: list[str]) -> list[str]:
+    """pytest on the installed fuzz suites (``frost_harness.invocation``), or on the tests
+    ``extra`` names; pytest's cache stays off (a night's runs share nothing through it)."""
     marker = "fuzz and gpu" if regime == "gpu" else "fuzz and not gpu"
-    command = [sys.executable, "-m", "pytest", "frost_harness/suites/fuzz", "-m", marker, "-q", "-p", "no:cacheprovider",
-               "--frost-profile", "nightly", f"--frost-records={out / 'records'}",
+    options = ["-m", marker, "-q", "--frost-profile", "nightly", f"--frost-records={out / 'records'}",
                f"--junitxml={out / verdict.JUNIT_FILE}",
                f"--frost-fuzz-until={until:.3f}", f"--frost-fuzz-seed={seed}"]  # fmt: skip
     if workers > 1:
-        command += ["-n", str(workers), "--dist", "each"]
-    return command + extra
+        options += ["-n", str(workers), "--dist", "each"]
+    return invocation.pytest_command(options, extra, [FUZZ_SUITES])
 
 
 def _fuzz(args) -> int:
@@ -92,7 +98,7 @@ def _fuzz(args) -> int:
     workers = args.workers or (len(listed) if regime == "gpu" else os.cpu_count() or 1)
     seed = run_seed(args.seed, args.shard)
     shard = "" if args.shard == (1, 1) else f"-shard{args.shard[0]}of{args.shard[1]}"
-    out = (args.out or ROOT / "frost-out" / f"fuzz-{regime}-{started:%Y%m%d-%H%M%S}{shard}").resolve()
+    out = (args.out or invocation.output_folder() / f"fuzz-{regime}-{started:%Y%m%d-%H%M%S}{shard}").resolve()
     until = start + args.budget - min(REPORT_RESERVE_S, args.budget / 5)
     command = pytest_command(regime, workers, out, until, seed, args.pytest_args)
     # a runner started from inside a test worker must not hand that worker's identity down
@@ -126,7 +132,8 @@ def _run_watched(command: list[str], env: dict, out: Path, end: float) -> int:
     log_path = out / "pytest.log"
     live = sys.stdout.isatty()
     with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # in the current directory: never inside site-packages
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         printed = 0.0
         while process.poll() is None:
             time.sleep(0.5)
@@ -223,11 +230,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="problem sizes and device (default: gpu where a GPU shows)")
     parser.add_argument("--seed", type=int, default=int(datetime.now().strftime("%Y%m%d")),
                         help="the night's seed (default: today, YYYYMMDD)")
-    parser.add_argument("--out", type=Path, help="run folder (default frost-out/fuzz-<regime>-<timestamp>)")
+    parser.add_argument("--out", type=Path, help="run folder (default ./frost-out/fuzz-<regime>-<timestamp>)")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="DIR", help="merge these run folders into --out")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
-    return _merge(args) if args.merge else _fuzz(args)
+    if args.merge:
+        return _merge(args)
+    invocation.check_suites("frost-fuzz")
+    return _fuzz(args)
 
 
 if __name__ == "__main__":

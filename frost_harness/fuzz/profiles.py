@@ -4,7 +4,8 @@
   stable), no example database, a handful of examples per property, no deadline
   (a CPU under load is slow, and that is not a failure).
 - ``dev``: a person looking for bugs: random examples, 100 per property, failing
-  examples kept in the database under ``frost-out/hypothesis-db`` (ignored by git)
+  examples kept in the database under ``frost-out/hypothesis-db`` of the current directory
+  (beside the runners' run folders; ignored by git; never inside an installed package)
   and replayed first next time, the ``@reproduce_failure`` blob printed.
 - ``nightly``: the ``frost-fuzz`` runner's: random seeds (the runner picks and logs
   them per chunk, see ``frost_harness.fuzz.budget``), ``max_examples`` per chunk, the database as
@@ -23,7 +24,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 ENV = "FROST_FUZZ_PROFILE"
 DEFAULT = "ci"
-DATABASE = Path(__file__).resolve().parents[2] / "frost-out" / "hypothesis-db"
+DATABASE = Path.cwd() / "frost-out" / "hypothesis-db"  # where frost-report / frost-fuzz write their runs
 
 _SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much]
 

@@ -2,16 +2,21 @@
 
     frost-report --level L0 [--out DIR] [-n WORKERS] [-- extra pytest arguments]
 
-Runs pytest from the repository root on the level (a level includes the ones below
-it: L1 runs L0 and L1) with the records plugin writing into ``DIR/records``, then
-writes the report into ``DIR`` (default ``frost-out/<level>-<timestamp>/``, ignored by
-git): pytest's ``junit.xml``, ``cases.csv.gz``, ``routing.md``, ``pass_rate.md``, error statistics
-(``stats.csv``), drift against the previous run of the same level (``drift.md``) and
-``report.html`` (``frost_harness.reports.publish`` lists them), prints where, and a short summary.
+Runs pytest on the level (a level includes the ones below it: L1 runs L0 and L1) over the
+suites that came with the package (``frost_harness/suites``: in the checkout, or in
+site-packages), from the current directory, so it works from any directory
+(``frost_harness.invocation`` says how). Test paths among the extra arguments run instead
+of the whole suites; they are relative to the current directory (``frost_harness/suites/...``
+from a checkout's root), absolute, or modules with ``--pyargs``. The records plugin writes
+into ``DIR/records``, then the report goes into ``DIR`` (default
+``./frost-out/<level>-<timestamp>/``, ignored by git): pytest's ``junit.xml``,
+``cases.csv.gz``, ``routing.md``, ``pass_rate.md``, error statistics (``stats.csv``), drift
+against the previous run of the same level (``drift.md``) and ``report.html``
+(``frost_harness.reports.publish`` lists them), prints where, and a short summary.
 The verdict is red whenever pytest's exit status is non-zero or any test failed, errored
-or was not collected (``frost_harness.reports.verdict``), and the tests behind it are listed. The exit
-status is pytest's (1 if pytest said 0 but the records hold a failure); the report is
-written either way.
+or was not collected, or nothing was collected at all (``frost_harness.reports.verdict``),
+and the tests behind it are listed. The exit status is pytest's (1 if pytest said 0 but
+the records hold a failure); the report is written either way.
 """
 from __future__ import annotations
 
@@ -23,10 +28,13 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from frost_harness.reports import publish, records, tables, verdict
+from frost_harness import invocation
+
+invocation.require_extra("frost-report")  # one line naming the extra, before pandas is imported below
+
+from frost_harness.reports import publish, records, tables, verdict  # noqa: E402
 
 LEVELS = ("L0", "L1", "L2")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def marker_expression(level: str) -> str:
@@ -37,20 +45,22 @@ def marker_expression(level: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="frost-report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--level", choices=LEVELS, default="L0", help="test level to run (default L0)")
-    parser.add_argument("--out", type=Path, help="output folder (default frost-out/<level>-<timestamp>)")
+    parser.add_argument("--out", type=Path, help="output folder (default ./frost-out/<level>-<timestamp>)")
     parser.add_argument("-n", "--workers", help="pytest-xdist workers, e.g. 2 or auto (default: no xdist)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
+    invocation.check_suites("frost-report")
 
     started = datetime.now()
-    out = (args.out or ROOT / "frost-out" / f"{args.level}-{started:%Y%m%d-%H%M%S}").resolve()
-    command = [sys.executable, "-m", "pytest", "-m", marker_expression(args.level), "-q",
-               f"--frost-records={out / 'records'}", f"--junitxml={out / verdict.JUNIT_FILE}"]  # fmt: skip
+    out = (args.out or invocation.output_folder() / f"{args.level}-{started:%Y%m%d-%H%M%S}").resolve()
+    options = ["-m", marker_expression(args.level), "-q", f"--frost-records={out / 'records'}",
+               f"--junitxml={out / verdict.JUNIT_FILE}"]  # fmt: skip
     if args.workers:
-        command += ["-n", args.workers]
-    command += args.pytest_args
+        options += ["-n", args.workers]
+    command = invocation.pytest_command(options, args.pytest_args, [invocation.SUITES],
+                                        cache_dir=invocation.output_folder() / "pytest-cache")
     print("frost-report:", shlex.join(command), flush=True)  # quoted: pastes into a shell as is
-    status = subprocess.call(command, cwd=ROOT)
+    status = subprocess.call(command)  # in the current directory: never inside site-packages
 
     title = f"level {args.level}, {started:%Y-%m-%d %H:%M}, pytest exit {status}"
     meta = {"key": args.level, "title": title, "started": started.isoformat(), "pytest_exit": status,

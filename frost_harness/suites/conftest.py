@@ -1,4 +1,8 @@
-"""Repository-wide pytest wiring: test levels, the GPU marker and frost's records plugin.
+"""The suites' pytest wiring: test levels, the GPU marker and frost's records plugin.
+
+It lives beside the suites, not at the repository root, so that it travels with the wheel:
+``pytest -m L0`` in a checkout and ``frost-report`` on an installed package load the same
+file, and it registers the markers itself (a run from site-packages reads no pyproject.toml).
 
 Every test must carry exactly one level marker (L0, L1 or L2); an unmarked
 test is a collection error, so nothing silently drops out of every level.
@@ -24,11 +28,20 @@ import pytest
 pytest_plugins = ("frost_harness.reports.plugin", "frost_harness.fuzz.plugin")
 
 LEVELS = ("L0", "L1", "L2")
+MARKERS = (
+    "L0: fast gate, minutes on a CPU",
+    "L1: the wider grid",
+    "L2: the full sweep",
+    "gpu: needs CUDA; skipped cleanly without it",
+    "fuzz: a Hypothesis property of frost_harness/suites/fuzz (what the frost-fuzz runner selects)",
+)
 _test_cache_dir: str | None = None
 
 
 def pytest_configure(config):
     global _test_cache_dir
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
     _test_cache_dir = tempfile.mkdtemp(prefix="frost-test-cache-")
     os.environ["FROST_CACHE_DIR"] = _test_cache_dir
     os.environ.pop("FROST_DISK_CACHE", None)  # the suites run with the disk cache on, wherever they run

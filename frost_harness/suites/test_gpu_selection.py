@@ -3,15 +3,12 @@ without CUDA instead of passing as a run of skips (frost_harness/suites/conftest
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from frost_harness import invocation
 from frost_harness.suites import conftest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.L0
@@ -24,10 +21,10 @@ def test_selects_only_gpu_tests(markexpr, gpu_only):
 
 
 @pytest.mark.L0
-def test_a_gpu_only_run_without_cuda_is_a_usage_error():
+def test_a_gpu_only_run_without_cuda_is_a_usage_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the GPU-only run is legitimate here")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "L0 and gpu", "-q", "-p", "no:cacheprovider",
-                           "frost_harness/suites/test_graph_capture.py"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    command = invocation.pytest_command(["-m", "L0 and gpu", "-q"], [], [invocation.SUITES / "test_graph_capture.py"])
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]  # pytest's usage-error exit
     assert "CUDA is not available" in done.stdout + done.stderr

@@ -93,3 +93,27 @@ def test_write_report(tmp_path):
     table = (tmp_path / "mutants.md").read_text()
     assert table.index("| b |") < table.index("| a |")  # survivors first
     assert (tmp_path / "mutants.json").exists()
+
+
+@pytest.mark.L0
+def test_a_mutant_tree_is_the_two_packages_and_runs_its_own_suites(tmp_path, monkeypatch):
+    """The copy holds frost and frost_harness only (from a checkout or site-packages alike, never a
+    whole site-packages), and its suites run from the copy, with the copy's settings and rootdir."""
+    tree = mutate.copy_tree(tmp_path / "tree")
+    assert sorted(p.name for p in tree.iterdir()) == ["frost", "frost_harness"]
+    assert not list(tree.rglob("__pycache__"))
+    assert (tree / CATALOGUE[0].path).read_text() == (ROOT / CATALOGUE[0].path).read_text()
+    ran = {}
+
+    def fake_run(cmd, **kwargs):
+        ran.update(cmd=cmd, **kwargs)
+        return mutate.subprocess.CompletedProcess(cmd, 0, "1 passed", "")
+
+    monkeypatch.setattr(mutate.subprocess, "run", fake_run)
+    args = mutate.main.__globals__["argparse"].Namespace(marker="L0 and gpu", suites=["frost_harness/suites/sm80"],
+                                                         workers=1, timeout=5)  # fmt: skip
+    assert mutate.run_suites(tree, args)[:2] == (0, "1 passed")
+    cmd = ran["cmd"]
+    assert cmd[cmd.index("-c") + 1] == str(tree / "frost_harness" / "suites" / "runner.ini")
+    assert f"--rootdir={tree}" in cmd and cmd[-1] == str(tree / "frost_harness" / "suites" / "sm80")
+    assert ran["cwd"] == tree and ran["env"]["PYTHONPATH"].startswith(str(tree))

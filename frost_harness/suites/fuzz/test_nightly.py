@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -48,8 +49,12 @@ def test_runner_arguments():
     with pytest.raises(argparse.ArgumentTypeError):
         nightly.parse_budget("soon")
     assert len({nightly.run_seed(20261202, (k, 4)) for k in range(1, 5)}) == 4
-    command = nightly.pytest_command("gpu", 4, nightly.ROOT / "out", 1e9, 5, ["-x"])
-    assert command[command.index("-m", 3) + 1] == "fuzz and gpu" and command[-4:] == ["4", "--dist", "each", "-x"]
+    command = nightly.pytest_command("gpu", 4, Path("/tmp/out"), 1e9, 5, ["-x"])
+    assert command[command.index("-m", 3) + 1] == "fuzz and gpu"
+    # the installed fuzz suites, by absolute path, after the user's arguments (which name no tests)
+    assert command[-5:] == ["4", "--dist", "each", "-x", str(nightly.FUZZ_SUITES)]
+    assert nightly.pytest_command("cpu", 1, Path("/tmp/out"), 1e9, 5, [str(nightly.FUZZ_SUITES / "test_oracle.py")])[
+        -1].endswith("test_oracle.py")
 
 
 def test_two_workers_each_use_their_own_device(tmp_path):

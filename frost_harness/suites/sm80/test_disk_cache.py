@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
 from frost.kernels.sm80.config import BwdConvertParams, BwdParams, BwdPreParams, FwdParams  # noqa: E402
 from frost.kernels.sm80.space import l0_records  # noqa: E402
 from frost.kernels.template import CompileCache  # noqa: E402
+from frost_harness.suites import source  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 L0 = l0_records()
@@ -295,8 +295,7 @@ def test_frost_compile_skips_records_newer_than_the_arch():
 
 @pytest.mark.L0
 def test_frost_compile_is_a_console_script():
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    module, _, function = scripts["frost-compile"].partition(":")
+    module, _, function = source.console_scripts()["frost-compile"].partition(":")
     assert module == "frost.kernels.prebuild" and callable(getattr(__import__(module, fromlist=["x"]), function))
 
 
