@@ -1,4 +1,4 @@
-"""frost: scaled-dot-product attention with one contract (SEMANTICS.md) and many engines.
+"""frost: scaled-dot-product attention with one contract (docs/SEMANTICS.md) and many engines.
 
 Public API:
 

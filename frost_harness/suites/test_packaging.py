@@ -7,7 +7,8 @@
   requirements without an extra are the kernels' (torch, the CuTe DSL, apache-tvm-ffi); the
   harness's (pytest, xdist, Hypothesis, pandas) come with the ``harness`` extra only;
 - the kernels run without any of the harness's packages importable;
-- the README installs what the tests need, and .ci/run runs what the README says.
+- the README installs what the tests need, .ci/run runs what the README says, and every
+  link of the README (and of docs/) stays inside the repository.
 """
 from __future__ import annotations
 
@@ -161,6 +162,21 @@ def test_ci_runs_the_readme_test_command():
     assert any(shlex.split(line)[:3] == ["pytest", "-m", "L0"] for line in ci if line.startswith("pytest"))
     assert any("[harness]" in s for s in _readme_command("the main job: install, run level L0, write the report "
                                                           "to frost-out/"))
+
+
+@pytest.mark.L0
+@needs_checkout
+def test_readme_links_stay_inside_the_repository():
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for document in documents:
+        text = document.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a URL or an anchor
+            path = (document.parent / target.split("#")[0]).resolve()
+            assert path.is_relative_to(ROOT) and path.exists(), f"{document.name} links {target}: not in the repository"
+        # prose that points outside the checkout (a sibling shared/ folder) instead of linking
+        assert "../shared/design" not in text, f"{document.name} refers to ../shared/design"
 
 
 @pytest.mark.L0
