@@ -17,22 +17,30 @@ bias, sinks, rope=(cos, sin), engine (force one engine by name).
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import torch
+from torch import Tensor
 
 from frost import dispatch, plans
 from frost.dispatch import Decision
 from frost.problem import Grads, prepare, split_rope, split_window
 from frost.records import Options, Tensors
 
+CausalAlign = Literal["top_left", "bottom_right"]
+Direction = Literal["forward", "backward"]
+
 
 def sdpa_forward(
-    q, k, v, *,
-    scale=None, causal=False, causal_align="top_left", window=(-1, -1),
-    seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
-    max_seqlen_q=None, max_seqlen_k=None, bias=None, sinks=None, rope=None,
-    engine=None, out=None, deterministic=False,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    q: Tensor, k: Tensor, v: Tensor, *,
+    scale: float | None = None, causal: bool = False, causal_align: CausalAlign = "top_left",
+    window: tuple[int, int] = (-1, -1),
+    seqlens_q: Tensor | None = None, seqlens_k: Tensor | None = None,
+    cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    bias: Tensor | None = None, sinks: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
+    engine: str | None = None, out: tuple[Tensor, Tensor] | None = None, deterministic: bool = False,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Attention forward: ``(o, lse)``. ``out=(o, lse)`` writes into preallocated tensors.
 
     ``deterministic`` is the backward's keyword; it is taken here only so that passing it
@@ -48,11 +56,14 @@ def sdpa_forward(
 
 
 def sdpa_backward(
-    do, q, k, v, o, lse, *,
-    scale=None, causal=False, causal_align="top_left", window=(-1, -1),
-    seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
-    max_seqlen_q=None, max_seqlen_k=None, bias=None, sinks=None, rope=None,
-    deterministic=False, engine=None, out=None,
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, *,
+    scale: float | None = None, causal: bool = False, causal_align: CausalAlign = "top_left",
+    window: tuple[int, int] = (-1, -1),
+    seqlens_q: Tensor | None = None, seqlens_k: Tensor | None = None,
+    cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    bias: Tensor | None = None, sinks: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
+    deterministic: bool = False, engine: str | None = None, out: Grads | None = None,
 ) -> Grads:  # fmt: skip
     """Attention backward: ``Grads(dq, dk, dv, dbias, dsinks)``, None where absent.
 
@@ -77,11 +88,14 @@ def serve(direction: str, tensors: Tensors, options: Options, engine=None, out=N
 
 
 def route(
-    q, k, v, *,
-    scale=None, causal=False, causal_align="top_left", window=(-1, -1),
-    seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
-    max_seqlen_q=None, max_seqlen_k=None, bias=None, sinks=None, rope=None,
-    deterministic=False, engine=None, direction="forward",
+    q: Tensor, k: Tensor, v: Tensor, *,
+    scale: float | None = None, causal: bool = False, causal_align: CausalAlign = "top_left",
+    window: tuple[int, int] = (-1, -1),
+    seqlens_q: Tensor | None = None, seqlens_k: Tensor | None = None,
+    cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    bias: Tensor | None = None, sinks: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
+    deterministic: bool = False, engine: str | None = None, direction: Direction = "forward",
 ) -> Decision:  # fmt: skip
     """Which engine would serve this call and why each one ranked before it declined.
 

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from frost import api
+from frost.api import CausalAlign
 from frost.problem import split_rope, split_window
 from frost.records import Options, Tensors
 
@@ -177,11 +178,14 @@ _lib.impl("sdpa_backward", _backward_autograd, "Autograd")
 
 
 def attention(
-    q, k, v, *,
-    scale=None, causal=False, causal_align="top_left", window=(-1, -1),
-    seqlens_q=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
-    max_seqlen_q=None, max_seqlen_k=None, bias=None, sinks=None, rope=None,
-    deterministic=False, engine=None,
+    q: Tensor, k: Tensor, v: Tensor, *,
+    scale: float | None = None, causal: bool = False, causal_align: CausalAlign = "top_left",
+    window: tuple[int, int] = (-1, -1),
+    seqlens_q: Tensor | None = None, seqlens_k: Tensor | None = None,
+    cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+    bias: Tensor | None = None, sinks: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
+    deterministic: bool = False, engine: str | None = None,
 ) -> Tensor:  # fmt: skip
     """Differentiable attention: ``o``. Gradients flow to q, k, v, bias and sinks.
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -105,7 +106,7 @@ class Problem:
     vector_aligned: bool  # every input's data pointer and strides but the last are multiples of 16 bytes
 
     @classmethod
-    def from_call(cls, direction: str, q, k, v, **keywords) -> Problem:
+    def from_call(cls, direction: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **keywords: Any) -> Problem:
         """Validate a call's arguments and return its Problem (see ``prepare``)."""
         return prepare(direction, q, k, v, **keywords)[0]
 

@@ -7,6 +7,7 @@
   requirements without an extra are the kernels' (torch, the CuTe DSL, apache-tvm-ffi); the
   harness's (pytest, xdist, Hypothesis, pandas) come with the ``harness`` extra only;
 - the kernels run without any of the harness's packages importable;
+- the public API is fully annotated;
 - the README installs what the tests need, .ci/run runs what the README says, and every
   link of the README (and of docs/) stays inside the repository.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import inspect
 import os
 import re
 import shlex
@@ -126,6 +128,34 @@ def test_the_kernels_run_without_the_harness_packages(tmp_path):
             "assert o.shape == q.shape and frost.__version__\n")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _public_callables():
+    for name in frost.__all__:
+        thing = getattr(frost, name)
+        if inspect.isfunction(thing):
+            yield name, thing
+        elif inspect.isclass(thing):
+            for attr, member in vars(thing).items():
+                if attr.startswith("_"):
+                    continue
+                member = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+                member = member.fget if isinstance(member, property) else member
+                if inspect.isfunction(member):
+                    yield f"{name}.{attr}", member
+
+
+@pytest.mark.L0
+def test_the_public_api_is_fully_annotated():
+    checked = []
+    for name, function in _public_callables():
+        signature = inspect.signature(function, eval_str=True)  # the annotations also resolve
+        bare = [p.name for p in signature.parameters.values()
+                if p.annotation is inspect.Parameter.empty and p.name not in ("self", "cls")]  # fmt: skip
+        assert not bare, f"{name}: parameters without a type: {bare}"
+        assert signature.return_annotation is not inspect.Signature.empty, f"{name}: no return type"
+        checked.append(name)
+    assert {"sdpa_forward", "sdpa_backward", "attention", "route"} <= set(checked)
 
 
 @pytest.mark.L0
