@@ -8,7 +8,8 @@ One small problem (one or two tiles each way, so block edges and partial tiles o
 feature of the engines' rows: dense, strided views, causal top-left and bottom-right both ways,
 windows, padding, packed sequences with empty ones, GQA and MQA (split over CTAs), sinks,
 partial head dims, fp16 and bf16, both flavors. Each runs the forward, the backward in the
-default mode, and the deterministic mode both ways (the dQ recompute pass, and ordered dQ).
+default mode, and the deterministic mode both ways (ordered dQ, the default, and the dQ
+recompute pass).
 The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
 every output a kernel writes is finite where the contract makes it finite.
 
@@ -45,7 +46,7 @@ FEATURES = {
     "mqa": ((1, 150, 150, 6, 1, 64, 64), dict(window=(50, 0)), "dense"),
     "sinks": ((1, 150, 100, 2, 2, 64, 64), dict(sinks=True, window=(0, 0), causal_align="bottom_right"), "dense"),
 }
-MODES = ("default", "deterministic", "ordered")
+MODES = ("default", "deterministic", "recompute")  # deterministic: dQ reduced in order; recompute: bwd_dq
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
 _PACKED_K = (5, 80, 65)
 _PADDED_Q = (200, 0)      # the padded feature's valid lengths (an empty sequence)
@@ -92,7 +93,7 @@ def _offsets(lengths, device: str) -> torch.Tensor:
 def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", engine: str | None = "sm80") -> list[str]:
     """Run one feature through the forward and each backward mode; the problems found (non-finite
     outputs), as lines. ``device="cpu", engine=None`` runs the same calls on the CPU engines
-    (the ordered mode is the sm80 engine's own: give it only with that engine)."""
+    (the recompute mode is the sm80 engine's own: give it only with that engine)."""
     gen = torch.Generator().manual_seed(seed)
     t, keywords = _inputs(name, gen, device)
     problems = []
@@ -100,9 +101,9 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
     problems += _non_finite(name, "forward", o=o)
     for mode in modes:
         call = dict(keywords, deterministic=mode != "default")
-        if mode == "ordered":
+        if mode == "recompute":
             problem, tensors = prepare("backward", t["q"], t["k"], t["v"], o=o, lse=lse, do=t["do"], **call)
-            dq, dk, dv, _, dsinks = Sm80Backward(ordered_dq=True).compile(problem).execute(tensors)
+            dq, dk, dv, _, dsinks = Sm80Backward(ordered_dq=False).compile(problem).execute(tensors)
         else:
             dq, dk, dv, _, dsinks = frost.sdpa_backward(t["do"], t["q"], t["k"], t["v"], o, lse, engine=engine, **call)
         problems += _non_finite(name, mode, dq=dq, dk=dk, dv=dv, dsinks=dsinks)

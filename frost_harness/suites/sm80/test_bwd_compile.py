@@ -139,17 +139,17 @@ def test_group_split_reaches_two_waves(heads, lengths, sms, want):
 
 @pytest.mark.L0
 def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
-    """With ordered_dq the deterministic chain is bwd_pre (zeroing accumulator and counters), the
-    main kernel reducing dQ in order, and bwd_convert: no bwd_dq pass; its records say so."""
+    """By default (ordered_dq) the deterministic chain is bwd_pre (zeroing accumulator and counters),
+    the main kernel reducing dQ in order, and bwd_convert: no bwd_dq pass; its records say so."""
     q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
     k = torch.randn(2, 300, 2, 64, dtype=torch.bfloat16)
     problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True,
                                 deterministic=True)
-    ordered = Sm80Backward(ordered_dq=True).compile(problem)
+    ordered = Sm80Backward().compile(problem)
     pre, main, last = ordered.params
     assert main.deterministic and main.dq_ordered and main.heavy_first
     assert pre.dq_counters and pre.accum_tile_m == main.tile_m and isinstance(last, BwdConvertParams)
-    recompute = Sm80Backward().compile(problem)
+    recompute = Sm80Backward(ordered_dq=False).compile(problem)
     assert isinstance(recompute.params[2], BwdDqParams) and not recompute.params[1].dq_ordered
     with pytest.raises(ValueError, match="dq_ordered"):
         dataclasses.replace(main, heavy_first=False).validate()

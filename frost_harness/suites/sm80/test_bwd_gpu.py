@@ -162,21 +162,21 @@ def test_bwd_sm80_thd_rebinds_one_chain_across_token_totals():
     print(f"backward compile cache before={before} after={after} final={sm80_compile.BWD_CACHE.stats()}")
 
 
-ORDERED_CASES = ("causal", "gqa", "thd_causal_gqa", "sinks", "window_br", "padding_causal_br", "mqa",
+RECOMPUTE_CASES = ("causal", "gqa", "thd_causal_gqa", "sinks", "window_br", "padding_causal_br", "mqa",
                  "window_left", "causal_br_sq_gt_sk", "thd_br_window_sinks")
 
 
 @pytest.mark.L0
-@pytest.mark.parametrize("feature", ORDERED_CASES)
-def test_bwd_sm80_ordered_deterministic_matches_oracle(feature, monkeypatch):
-    """Deterministic mode with dQ reduced in a fixed key-block order (no recompute pass): the
-    main kernel's counters and the convert kernel, judged like the default mode (bitwise twice)."""
-    from frost.kernels.sm80.config import BwdParams
+@pytest.mark.parametrize("feature", RECOMPUTE_CASES)
+def test_bwd_sm80_recompute_deterministic_matches_oracle(feature, monkeypatch):
+    """Deterministic mode's other way (the default reduces dQ in a fixed key-block order): dQ
+    recomputed per query block by bwd_dq, judged like the default mode (bitwise twice)."""
+    from frost.kernels.sm80.config import BwdDqParams
 
-    monkeypatch.setattr(_engine(), "ordered_dq", True)
-    i = ORDERED_CASES.index(feature)
+    monkeypatch.setattr(_engine(), "ordered_dq", False)
+    i = RECOMPUTE_CASES.index(feature)
     _assert_sm80(_case(feature, gpu_cases.DTYPES[i % 2], gpu_cases.HEAD_DIMS[i % 4], deterministic=True))
-    assert any(isinstance(key[1], BwdParams) and key[1].dq_ordered for key in _bwd_cache_keys())
+    assert any(isinstance(key[1], BwdDqParams) for key in _bwd_cache_keys())
 
 
 DETERMINISM_CASES = {
@@ -185,10 +185,10 @@ DETERMINISM_CASES = {
     "gqa": dict(heads_q=8, heads_kv=2, seqlen_q=600, seqlen_k=600),
     "thd": dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(500, 9, 4, 300), causal=True, tail_q=4),
     "gqa_split": dict(heads_q=8, heads_kv=1, seqlen_q=600, seqlen_k=600, causal=True),
-    "ordered_causal": dict(causal=True, seqlen_q=1000, seqlen_k=1000),
-    "ordered_thd_window": dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(500, 9, 4, 300),
+    "recompute_causal": dict(causal=True, seqlen_q=1000, seqlen_k=1000),
+    "recompute_thd_window": dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(500, 9, 4, 300),
                                window=(100, 20), causal_align="bottom_right", tail_q=4),
-    "ordered_gqa_split": dict(heads_q=8, heads_kv=1, seqlen_q=600, seqlen_k=700),
+    "recompute_gqa_split": dict(heads_q=8, heads_kv=1, seqlen_q=600, seqlen_k=700),
 }
 
 
@@ -197,8 +197,8 @@ DETERMINISM_CASES = {
 def test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs(name, monkeypatch):
     if name.endswith("gqa_split"):
         monkeypatch.setattr(_engine(), "split", 4)
-    if name.startswith("ordered"):
-        monkeypatch.setattr(_engine(), "ordered_dq", True)
+    if name.startswith("recompute"):
+        monkeypatch.setattr(_engine(), "ordered_dq", False)
     case = dataclasses.replace(gpu_cases.BASE, deterministic=True, **DETERMINISM_CASES[name])
     inputs = make_inputs(case)
     o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
@@ -210,8 +210,9 @@ def test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs(name, monkeypatch
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name_} differs between runs"
     if name.endswith("gqa_split"):
         assert any(getattr(key[1], "split_group", False) and key[1].deterministic for key in _bwd_cache_keys())
-    if name.startswith("ordered"):
-        assert any(getattr(key[1], "dq_ordered", False) for key in _bwd_cache_keys())
+    ordered = not name.startswith("recompute")  # the deterministic default reduces dQ in order
+    assert any(getattr(key[1], "dq_ordered", False) == ordered and getattr(key[1], "deterministic", False)
+               for key in _bwd_cache_keys())
 
 
 @pytest.mark.L0

@@ -81,7 +81,8 @@ def test_hdim_bwd_matches_oracle(name):
 
 @pytest.mark.parametrize("name", DETERMINISTIC)
 def test_hdim_bwd_deterministic_matches_oracle_and_is_bitwise_stable(name):
-    """bwd_dq (the dQ recompute) for the wide flavors; the harness runs it twice and compares bits."""
+    """The deterministic default (dQ reduced in order) for the wide flavors; the harness runs it
+    twice and compares bits."""
     _assert_sm80(_case("backward", name, deterministic=True), "backward")
 
 
@@ -91,16 +92,16 @@ def _engine():
     return next(e for e in dispatch.engines("backward") if e.name == BWD_ENGINE)
 
 
-def test_hdim_bwd_ordered_deterministic_matches_oracle(monkeypatch):
-    """The deterministic mode's other way (dQ reduced in a fixed order, then converted) on d192x128."""
+def test_hdim_bwd_recompute_deterministic_matches_oracle(monkeypatch):
+    """The deterministic mode's other way (dQ recomputed per query block by bwd_dq) on d192x128."""
     from frost.kernels.sm80 import compile as sm80_compile
-    from frost.kernels.sm80.config import BwdParams
+    from frost.kernels.sm80.config import BwdDqParams
 
-    monkeypatch.setattr(_engine(), "ordered_dq", True)
+    monkeypatch.setattr(_engine(), "ordered_dq", False)
     case = dataclasses.replace(_case("backward", "d168_thd_causal_gqa"), head_dim_qk=192, head_dim_v=128,
                                deterministic=True)
     _assert_sm80(case, "backward")
-    assert any(isinstance(k[1], BwdParams) and k[1].dq_ordered and k[1].flavor == "d192x128"
+    assert any(isinstance(k[1], BwdDqParams) and k[1].flavor == "d192x128"
                for k in sm80_compile.BWD_CACHE.keys())
 
 

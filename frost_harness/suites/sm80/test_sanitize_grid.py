@@ -1,7 +1,7 @@
 """The sanitizer grid (frost/kernels/sm80/sanitize.py): valid calls of every feature and mode.
 
 On a CPU the grid's calls run through the CPU engines (every call must be one the contract
-accepts, with finite outputs); on a GPU through the forced sm80 engines, ordered dQ included.
+accepts, with finite outputs); on a GPU through the forced sm80 engines, the dQ recompute included.
 """
 from __future__ import annotations
 
