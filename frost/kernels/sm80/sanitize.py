@@ -7,7 +7,7 @@
 One small problem (one or two tiles each way, so block edges and partial tiles occur) per
 feature of the engines' rows: dense, strided views, causal top-left and bottom-right both ways,
 windows, padding, packed sequences with empty ones, GQA and MQA (split over CTAs), sinks,
-partial head dims, fp16 and bf16, both flavors. Each runs the forward, the backward in the
+partial head dims, fp16 and bf16, the d64 and d128 flavors and the wide ones (d192x128, d256). Each runs the forward, the backward in the
 default mode, and the deterministic mode both ways (ordered dQ, the default, and the dQ
 recompute pass).
 The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
@@ -45,6 +45,8 @@ FEATURES = {
     "gqa": ((1, 200, 200, 8, 2, 128, 128), dict(causal=True), "dense"),
     "mqa": ((1, 150, 150, 6, 1, 64, 64), dict(window=(50, 0)), "dense"),
     "sinks": ((1, 150, 100, 2, 2, 64, 64), dict(sinks=True, window=(0, 0), causal_align="bottom_right"), "dense"),
+    "wide_d192x128": ((1, 130, 130, 4, 2, 192, 128), dict(causal=True), "dense"),
+    "wide_d256_packed": ((3, 160, 150, 4, 2, 232, 232), dict(window=(40, 7)), "packed"),
 }
 MODES = ("default", "deterministic", "recompute")  # deterministic: dQ reduced in order; recompute: bwd_dq
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from frost_harness.suites.harness import Case
@@ -82,6 +83,21 @@ def case(direction: str, feature: str, dtype, dims, seed=0, **more) -> Case:
     )
 
 
-def l0_grid() -> list[tuple]:
-    """Each feature once, dtype and head dims rotating."""
-    return [(feature, DTYPES[i % 2], HEAD_DIMS[i % len(HEAD_DIMS)]) for i, feature in enumerate(FEATURES)]
+# Open findings of the GPU grid, judged and expected to fail (strict: a fix shows as XPASS and
+# fails until its entry goes). window_zero_sinks, measured on the H200 on 2026-12-03: every row
+# sees one key plus the sink; where the key outweighs the sink, dS = P (dP - D) is a small
+# difference whose D comes from the io-rounded o (SEMANTICS.md: D = rowsum(do * o) of the given
+# o), and sm80's dq and dk exceed rule 2's L2 allowance by 3-4% (bf16, d128); dv, dsinks pass.
+BACKWARD_KNOWN_FAILURES = {
+    "window_zero_sinks": "dq, dk at 1.03-1.04x rule 2 (L2): D from the io-rounded o where one key outweighs the sink",
+}
+
+
+def l0_grid(direction: str = "forward") -> list:
+    """Each feature once, dtype and head dims rotating; the backward's open findings marked."""
+    grid = []
+    for i, feature in enumerate(FEATURES):
+        values = (feature, DTYPES[i % 2], HEAD_DIMS[i % len(HEAD_DIMS)])
+        known = BACKWARD_KNOWN_FAILURES.get(feature) if direction == "backward" else None
+        grid.append(pytest.param(*values, marks=pytest.mark.xfail(strict=True, reason=known)) if known else values)
+    return grid

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.gpu
 
 ENGINE = "sdpa_bwd_sm80"
 DIRECTION = "backward"
-L0_CASES = gpu_cases.l0_grid()
+L0_CASES = gpu_cases.l0_grid(DIRECTION)
 
 
 def _case(feature: str, dtype, dims, seed=0, **more) -> Case:
@@ -140,7 +140,10 @@ def _bwd_cache_keys():
 @pytest.mark.L1
 @pytest.mark.parametrize(
     "feature, dtype, dims",
-    [c for c in itertools.product(gpu_cases.FEATURES, gpu_cases.DTYPES, gpu_cases.HEAD_DIMS) if c not in L0_CASES],
+    [c if c[0] not in gpu_cases.BACKWARD_KNOWN_FAILURES else pytest.param(*c, marks=pytest.mark.xfail(
+        strict=False, reason=gpu_cases.BACKWARD_KNOWN_FAILURES[c[0]] + " (its size varies with dtype and head dim)"))
+     for c in itertools.product(gpu_cases.FEATURES, gpu_cases.DTYPES, gpu_cases.HEAD_DIMS)
+     if c not in gpu_cases.l0_grid()],
     ids=lambda x: str(x),
 )
 def test_bwd_sm80_matches_oracle_every_dtype_and_flavor(feature, dtype, dims):
