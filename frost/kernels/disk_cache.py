@@ -143,6 +143,14 @@ def load(path: Path, key: dict[str, str]) -> Any | None:
         return None
 
 
+def payload(path: Path, key: dict[str, str]) -> bytes | None:
+    """The object file of an intact entry for ``key`` (None when missing or damaged)."""
+    try:
+        return _unpack(path.read_bytes(), key)[0]
+    except OSError:
+        return None
+
+
 def present(path: Path, key: dict[str, str]) -> bool:
     """Whether ``path`` holds an intact entry for ``key`` (header and checksum; not linked)."""
     try:

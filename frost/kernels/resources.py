@@ -67,8 +67,10 @@ def report(records, arch: str) -> list[tuple[str, str, int, int]]:
     rows = []
     for record in records:
         key = disk_cache.entry_key(template_of(record), record, arch)
-        payload, _ = disk_cache._unpack(disk_cache.entry_path(root, key).read_bytes(), key)
-        for registers, stack in usage_of_object(payload, tool):
+        obj = disk_cache.payload(disk_cache.entry_path(root, key), key)
+        if obj is None:
+            raise RuntimeError(f"no intact cache entry for {template_of(record)} {record!r} ({arch})")
+        for registers, stack in usage_of_object(obj, tool):
             rows.append((template_of(record), _fields(record), registers, stack))
     return rows
 
