@@ -106,13 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks, skipped = plan(_records(args.records, args.template), args.arches)
     if args.limit is not None:
         tasks = tasks[: max(args.limit, 0)]
-    # intact entries are counted here: spawning workers (seconds each) only for what is missing
-    missing = [task for task in tasks if not _present(root, *task)]
-    counts = {"compiled": 0, "present": len(tasks) - len(missing), "failed": 0}
-    for status, detail in _run(missing, args.jobs):
-        counts[status] += 1
-        if detail:
-            print(f"frost-compile: failed {detail}", file=sys.stderr)
+    counts = _build_missing(root, tasks, args.jobs)
     print(f"frost-compile: {counts['compiled']} compiled, {counts['present']} already present, "
           f"{skipped} skipped (record needs a newer arch), {counts['failed']} failed "
           f"in {time.perf_counter() - start:.1f} s [{args.records}, {','.join(args.arches)}, cache {root}]")
@@ -130,11 +124,17 @@ def build_records(records, jobs: int = 1, arch: str | None = None) -> dict[str, 
     from frost.kernels.sm80.compile import target_arch
 
     root = disk_cache.cache_dir()
+    if root is None:  # nowhere to put what workers build: the caller's own compiles are all there is
+        return {"compiled": 0, "present": 0, "failed": 0}
     tasks = list(dict.fromkeys((record, arch or target_arch(record)) for record in records))
-    missing = [task for task in tasks if root is None or not _present(root, *task)]
+    return _build_missing(root, tasks, jobs)
+
+
+def _build_missing(root, tasks: list, jobs: int) -> dict[str, int]:
+    """Build the (record, arch) tasks that have no intact entry under ``root``; the counts."""
+    # intact entries are counted here: spawning workers (seconds each) only for what is missing
+    missing = [task for task in tasks if not _present(root, *task)]
     counts = {"compiled": 0, "present": len(tasks) - len(missing), "failed": 0}
-    if root is None:  # nowhere to put what workers build: compiling here is all there is
-        missing, jobs = [], 1
     for status, detail in _run(missing, jobs):
         counts[status] += 1
         if detail:

@@ -20,6 +20,7 @@ in the pool and goes unseen. ``--only NAME,...`` narrows the run; ``--list`` nam
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 import torch
@@ -85,11 +86,7 @@ def _inputs(name: str, gen: torch.Generator, device: str) -> tuple[dict, dict]:
 
 
 def _offsets(lengths, device: str) -> torch.Tensor:
-    total, offsets = 0, [0]
-    for n in lengths:
-        total += n
-        offsets.append(total)
-    return torch.tensor(offsets, dtype=torch.int32, device=device)
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
 
 
 def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", engine: str | None = "sm80") -> list[str]:
