@@ -160,6 +160,99 @@ def profile(device, calls: int, path: str) -> None:
     Path(path).write_text("\n".join(sections))
 
 
+def _in_thread(fn) -> None:
+    """Run ``fn`` on a fresh Python thread and wait: is a second thread itself slow?"""
+    import threading
+
+    worker = threading.Thread(target=fn)
+    worker.start()
+    worker.join()
+
+
+def _trivial_backward_us(device, calls: int, timed) -> float:
+    """autograd.grad through a Python Function whose backward returns its input: the cost of
+    autograd's engine and its device thread alone."""
+
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    x = torch.zeros(SHAPE, device=device, dtype=torch.bfloat16, requires_grad=True)
+    outs = [Identity.apply(x) for _ in range(calls)]
+    grad = torch.ones_like(x)
+    return timed(lambda: [torch.autograd.grad(y, (x,), grad) for y in outs])
+
+
+def _device_thread_split(device, calls: int) -> str:
+    """Wall time per call of each stage of frost's backward as it runs on autograd's thread,
+    from perf_counter stamps around the functions it calls (cProfile cannot see that thread
+    on every Python)."""
+    import collections
+    import threading
+
+    from frost import api, plans
+    from frost.engines import sm80 as sm80_engine
+
+    totals: dict[str, list] = collections.defaultdict(lambda: [0, 0])
+    patched = []
+
+    def stamp(owner, name, label):
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                entry = totals[(label, threading.current_thread() is threading.main_thread())]
+                entry[0] += time.perf_counter_ns() - start
+                entry[1] += 1
+
+        setattr(owner, name, wrapper)
+        patched.append((owner, name, original))
+
+    stamp(api, "serve", "api.serve")
+    for cls_name in dir(plans):
+        cls = getattr(plans, cls_name)
+        if isinstance(cls, type) and "serve" in vars(cls):
+            stamp(cls, "serve", f"plans.{cls_name}.serve")
+    for cls_name in dir(sm80_engine):
+        cls = getattr(sm80_engine, cls_name)
+        if isinstance(cls, type) and cls.__module__ == sm80_engine.__name__:
+            for method in ("execute", "carve"):
+                if method in vars(cls):
+                    stamp(cls, method, f"sm80.{cls_name}.{method}")
+    from frost.kernels.sm80 import compile as sm80_compile
+
+    stamp(sm80_compile, "launch_fwd", "sm80 launch_fwd")
+    stamp(sm80_compile, "launch_bwd", "sm80 launch_bwd")
+    stamp(torch, "empty", "torch.empty")
+    try:
+        q, k, v, do = _inputs(device, torch.bfloat16, requires_grad=True)
+        for _ in range(20):
+            torch.autograd.grad(frost.attention(q, k, v), (q, k, v), do)
+        totals.clear()
+        outs = [frost.attention(q, k, v) for _ in range(calls)]
+        for x in outs:
+            torch.autograd.grad(x, (q, k, v), do)
+        qd, kd, vd = q.detach(), k.detach(), v.detach()
+        o, lse = frost.sdpa_forward(qd, kd, vd)
+        for _ in range(calls):
+            frost.sdpa_backward(do, qd, kd, vd, o, lse)
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+    lines = [f"## {device.type} stage times (us per call; main = the calling thread)"]
+    for (label, main), (ns, count) in sorted(totals.items()):
+        lines.append(f"- {label} [{'main' if main else 'other thread'}]: {ns / max(count, 1) / 1e3:.1f} x {count}")
+    return "\n".join(lines)
+
+
 def _phases(device, calls: int) -> str:
     """Host us per call of each phase of ``frost.attention`` forward+backward. cProfile sees
     only the calling thread, and on CUDA autograd runs the backward on its device thread."""
@@ -178,14 +271,22 @@ def _phases(device, calls: int) -> str:
         return elapsed / calls / 1e3
 
     o, lse = frost.sdpa_forward(q.detach(), k.detach(), v.detach())
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
     rows = {
         "attention forward (grad on)": timed(lambda: [frost.attention(q, k, v) for _ in range(calls)]),
         "autograd.grad of a kept output": timed(lambda: [torch.autograd.grad(x, (q, k, v), do) for x in outs]),
         "sdpa_backward in this thread": timed(
-            lambda: [frost.sdpa_backward(do, q.detach(), k.detach(), v.detach(), o, lse) for _ in range(calls)]),
+            lambda: [frost.sdpa_backward(do, qd, kd, vd, o, lse) for _ in range(calls)]),
+        "sdpa_backward in a worker thread": timed(
+            lambda: _in_thread(lambda: [frost.sdpa_backward(do, qd, kd, vd, o, lse) for _ in range(calls)])),
+        "autograd.grad of a trivial Function": _trivial_backward_us(device, calls, timed),
     }
     text = f"## {device.type} phases of attention forward+backward (host us per call)\n" + "\n".join(
         f"- {name}: {us:.1f}" for name, us in rows.items())
+    import threading
+
+    text += f"\n- Python threads: {[t.name for t in threading.enumerate()]}; switch interval {sys.getswitchinterval()}"
+    text += "\n\n" + _device_thread_split(device, calls)
     # torch's profiler sees every thread's operators and CUDA runtime calls (a sync would show)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=activities) as prof:

@@ -4,7 +4,8 @@ Two operators wrap the functional API: ``frost::sdpa_forward`` (returns o and ls
 and ``frost::sdpa_backward`` (returns dq, dk, dv, dbias, dsinks). Each has a fake
 implementation that only derives output shapes, so ``torch.compile`` traces them
 without running an engine; the forward's autograd formula calls the backward op, so a
-compiled graph's backward is an op too. ``lse`` is an auxiliary output and carries no
+compiled graph's backward is an op too. Eager calls of ``attention`` skip the operators
+(``_eager``): the same autograd formula calls the implementations directly. ``lse`` is an auxiliary output and carries no
 gradient.
 
 Why they are registered by hand (``Library.define`` / ``impl``) and not with
@@ -134,16 +135,42 @@ def _backward_fake(do, q, k, v, o, lse, bias, sinks, *rest):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_of(bias), grad_of(sinks)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_NO_DOUBLE_BACKWARD = "frost::sdpa_backward: has no autograd formula (double backward is not supported)"
+
+
+def _eager(q) -> bool:
+    """Whether this call may skip the dispatcher: plain tensors, no mode or transform that
+    the operators exist to meet (torch.compile, fake tensors, functorch, tensor subclasses)."""
+    return (
+        not torch.compiler.is_compiling()  # first: dynamo folds it, and traces nothing after it
+        and type(q) in _PLAIN
+        and not torch._C._len_torch_dispatch_stack()
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
 class _Attention(torch.autograd.Function):
-    """The forward op's autograd formula: saves what the backward op reads."""
+    """The forward op's autograd formula: saves what the backward op reads.
+
+    ``direct`` (eager calls, see ``_eager``) runs both directions' kernels without the
+    operators: on a small problem each dispatcher round trip of a Python operator, its
+    arguments boxed both ways, costs about what the kernel launch costs, and autograd runs
+    the backward on its own device thread where host work is dearer still. Traced calls go
+    through the operators, so a compiled graph holds them.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, sinks, *rest):
-        with torch._C._AutoDispatchBelowAutograd():
-            o, lse = _FORWARD(q, k, v, bias, sinks, *rest)
+    def forward(ctx, direct, q, k, v, bias, sinks, *rest):
+        if direct:
+            o, lse = _forward_kernel(q, k, v, bias, sinks, *rest)
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                o, lse = _FORWARD(q, k, v, bias, sinks, *rest)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # lse's gradient is never read: no zeros for it
-        ctx.settings = rest[-1]
+        ctx.direct, ctx.settings = direct, rest[-1]
         ctx.save_for_backward(q, k, v, o, lse, bias, sinks, *rest[:-1])
         return o, lse
 
@@ -151,24 +178,31 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, grad_o, grad_lse):
         none = (None,) * (len(OPTIONAL_TENSORS) - 1)  # the optional tensors after sinks, then settings
         if grad_o is None:
-            return (None,) * 5 + none
+            return (None,) * 6 + none
         q, k, v, o, lse, bias, sinks, *rest = ctx.saved_tensors
         if grad_o.stride(-1) != 1:  # e.g. the stride-0 gradient of o.sum()
             grad_o = grad_o.contiguous()
+        if ctx.direct:
+            if torch.is_grad_enabled() and torch._C._any_requires_grad(grad_o, q, k, v, bias, sinks):
+                raise RuntimeError(_NO_DOUBLE_BACKWARD)
+            settings = _settings[ctx.settings]
+            grads = api.serve("backward", _tensors(q, k, v, bias, sinks, *rest, o=o, lse=lse, do=grad_o),
+                              settings.backward, settings.engine)  # fmt: skip
+            return None, grads.dq, grads.dk, grads.dv, grads.dbias, grads.dsinks, *none
         dq, dk, dv, dbias, dsinks = _BACKWARD(grad_o, q, k, v, o, lse, bias, sinks, *rest, ctx.settings)
-        return dq, dk, dv, dbias if bias is not None else None, dsinks if sinks is not None else None, *none
+        return None, dq, dk, dv, dbias if bias is not None else None, dsinks if sinks is not None else None, *none
 
 
 def _forward_autograd(q, k, v, bias, sinks, *rest):
     if torch.is_grad_enabled() and torch._C._any_requires_grad(q, k, v, bias, sinks):
-        return _Attention.apply(q, k, v, bias, sinks, *rest)
+        return _Attention.apply(False, q, k, v, bias, sinks, *rest)
     with torch._C._AutoDispatchBelowAutograd():
         return _FORWARD(q, k, v, bias, sinks, *rest)
 
 
 def _backward_autograd(*args):
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
-        raise RuntimeError("frost::sdpa_backward: has no autograd formula (double backward is not supported)")
+        raise RuntimeError(_NO_DOUBLE_BACKWARD)
     with torch._C._AutoDispatchBelowAutograd():
         return _BACKWARD(*args)
 
@@ -206,7 +240,9 @@ def attention(
             deterministic=deterministic, engine=engine, direction="backward",
         )  # fmt: skip
         raise
-    o, _ = _FORWARD(
-        q, k, v, bias, sinks, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k, rope_cos, rope_sin, settings
-    )
-    return o
+    args = (q, k, v, bias, sinks, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k, rope_cos, rope_sin, settings)
+    if not _eager(q):
+        return _FORWARD(*args)[0]
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(q, k, v, bias, sinks):
+        return _Attention.apply(True, *args)[0]
+    return _forward_kernel(*args)[0]

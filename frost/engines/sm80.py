@@ -19,6 +19,8 @@ import dataclasses
 import functools
 import importlib.util
 import math
+import threading
+import weakref
 
 import torch
 
@@ -206,7 +208,9 @@ class _Sm80ForwardPlan(Plan):
         # dense: the kernel writes every row of o and lse; packed rows past cu_seqlens[-1] must read as zeros
         o, lse = out if out is not None else allocate_forward(p, zero=p.layout == "thd")
         # a caller's o with rows the 16-byte stores cannot address goes through a staging copy
-        o_kernel = o if _vector_aligned(o) else torch.empty(p.o_shape, dtype=p.dtype, device=o.device)
+        # (allocate_forward's are aligned and contiguous)
+        staged = out is not None and not _vector_aligned(o)
+        o_kernel = torch.empty(p.o_shape, dtype=p.dtype, device=o.device) if staged else o
         launch_fwd(
             self._compiled, tensors.q, tensors.k, tensors.v, o_kernel, lse,
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
@@ -244,20 +248,81 @@ class _Workspace:
             rows = (p.total_k,) if p.layout == "thd" else (p.batch, p.seqlen_k)
             for name, width in (("dk_partial", main.tile_hdim_qk), ("dv_partial", main.tile_hdim_v)):
                 self.parts.append((name, (splits, *rows, p.heads_kv, width)))
-        self.offsets = {}
+        self.words = {}  # name -> (offset in 4-byte words, contiguous strides)
         offset = 0
         for name, shape in self.parts:
-            self.offsets[name] = offset
+            strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+            self.words[name] = (offset // 4, strides)
             offset += -(-4 * math.prod(shape) // self.ALIGN) * self.ALIGN
         self.nbytes = offset
 
     def carve(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The parts as views of ``buffer`` (bytes): one strided view each, as few operators
+        as the dtypes allow (each costs host time on every call)."""
+        words = buffer.view(torch.float32)
+        ints = words.view(torch.int32) if "dq_counters" in self.words else None
         views = {}
         for name, shape in self.parts:
-            start = self.offsets[name]
-            dtype = torch.int32 if name == "dq_counters" else torch.float32
-            views[name] = buffer[start : start + 4 * math.prod(shape)].view(dtype).view(shape)
+            base = ints if name == "dq_counters" else words
+            offset, strides = self.words[name]
+            views[name] = base.as_strided(shape, strides, base.storage_offset() + offset)
         return views
+
+
+class _KeptScratch:
+    """A backward plan's own workspace, kept for the next call when it is small.
+
+    The next call on the same stream may reuse it: its kernels start after this call's
+    (stream order), and the chain rewrites what it reads (bwd_pre zeroes the accumulator and
+    counters). A call on another stream gets a fresh buffer, which is then the one kept (the
+    old one goes back to the caching allocator, which orders its reuse after the old
+    stream's work). Under a graph capture the buffer is always fresh: a graph owns its
+    memory. Workspaces above ``PER_PLAN`` bytes, or past ``TOTAL`` bytes kept over all
+    plans, are never kept: they would hold memory between calls, and a call whose kernels
+    run long enough to need them hides its host time anyway.
+    """
+
+    PER_PLAN = 1 << 20
+    TOTAL = 64 << 20
+    _kept_bytes = 0
+
+    def __init__(self, workspace: _Workspace):
+        self.workspace = workspace
+        self.stream = None  # the raw stream handle the kept views were last used on
+        self.views = None
+
+    def get(self, like: torch.Tensor) -> dict[str, torch.Tensor]:
+        nbytes = self.workspace.nbytes
+        if like.device.type != "cuda" or nbytes > self.PER_PLAN:
+            return self.workspace.carve(torch.empty(nbytes, dtype=torch.uint8, device=like.device))
+        stream = torch._C._cuda_getCurrentRawStream(like.device.index)
+        if self.views is not None and stream == self.stream:
+            return self.views
+        views = self.workspace.carve(torch.empty(nbytes, dtype=torch.uint8, device=like.device))
+        if torch.cuda.is_current_stream_capturing():
+            return views
+        if self.views is None:
+            if not self._reserve(nbytes):
+                return views
+            weakref.finalize(self, _KeptScratch._release, nbytes)
+        self.stream, self.views = stream, views
+        return views
+
+    @classmethod
+    def _reserve(cls, nbytes: int) -> bool:
+        with _kept_lock:
+            if cls._kept_bytes + nbytes > cls.TOTAL:
+                return False
+            cls._kept_bytes += nbytes
+            return True
+
+    @classmethod
+    def _release(cls, nbytes: int) -> None:
+        with _kept_lock:
+            cls._kept_bytes -= nbytes
+
+
+_kept_lock = threading.Lock()
 
 
 class _Sm80BackwardPlan(Plan):
@@ -267,6 +332,7 @@ class _Sm80BackwardPlan(Plan):
         self.splits = splits
         self._compiled = compiled
         self._workspace = _Workspace(problem, splits, params[0], params[1])
+        self._kept = _KeptScratch(self._workspace)
 
     @property
     def workspace_bytes(self) -> int:
@@ -278,11 +344,9 @@ class _Sm80BackwardPlan(Plan):
         p, t = self.problem, tensors
         # dense: the chain writes every element (padded rows as zeros); packed tails must read as zeros
         grads = Grads(*out) if out is not None else allocate_backward(p, t, zero=p.layout == "thd")
-        if workspace is None:
-            workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=t.q.device)
-        scratch = self._workspace.carve(workspace)
-        staged = [g if _vector_aligned(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device)
-                  for g in grads[:3]]
+        scratch = self._kept.get(t.q) if workspace is None else self._workspace.carve(workspace)
+        staged = grads[:3] if out is None else [  # allocate_backward's are aligned and contiguous
+            g if _vector_aligned(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device) for g in grads[:3]]
         launch_bwd(
             *self._compiled, t, *staged, grads.dsinks, scratch, splits=self.splits,
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,

@@ -190,3 +190,27 @@ def test_torch_compile_bakes_each_calls_settings():
     for a, b in zip((*eager[:3], eager[3]["sinks"]), (*compiled[:3], compiled[3]["sinks"])):
         assert a.grad is not None
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+@pytest.mark.L0
+def test_eager_attention_skips_the_operators(monkeypatch):
+    """Eager ``attention`` (plain tensors, no mode) runs the implementations without a
+    dispatcher round trip in either direction, and gives what the operator path gives."""
+    inputs = make_inputs(OP_CASES["dense-bias-sinks-rope"])
+    q, k, v, keywords = _differentiable(inputs)
+    leaves = (q, k, v, keywords["bias"], keywords["sinks"])
+    with monkeypatch.context() as traced:
+        traced.setattr(frost.ops, "_eager", lambda q: False)  # what torch.compile or a mode would see
+        through_ops = torch.autograd.grad(frost.attention(q, k, v, **keywords), leaves, inputs.do)
+
+    def refuse(*args):
+        raise AssertionError("an eager call reached a frost operator")
+
+    monkeypatch.setattr(frost.ops, "_FORWARD", refuse)
+    monkeypatch.setattr(frost.ops, "_BACKWARD", refuse)
+    direct = torch.autograd.grad(frost.attention(q, k, v, **keywords), leaves, inputs.do)
+    for got, want in zip(direct, through_ops):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    monkeypatch.setattr(frost.ops, "_eager", lambda q: False)
+    with pytest.raises(AssertionError, match="reached a frost operator"):
+        frost.attention(q, k, v, **keywords)

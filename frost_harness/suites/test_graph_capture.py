@@ -117,3 +117,39 @@ def test_attention_forward_and_backward_capture_and_replay_like_eager():
     torch.cuda.synchronize()
     for got, want in zip(outputs, step()):
         assert torch.equal(got, want)
+
+
+@pytest.mark.L0
+@pytest.mark.gpu
+def test_a_small_backward_workspace_is_reused_on_its_stream_only():
+    """A backward plan keeps a small workspace for the next call on the same stream; another
+    stream gets (and then keeps) its own, a capture always a fresh one; results never change."""
+    from frost.engines.sm80 import Sm80Backward
+    from frost.problem import Problem
+    from frost.records import Tensors
+
+    q, k, v, do = (torch.randn(1, 256, 4, 64, dtype=torch.bfloat16, device="cuda") for _ in range(4))
+    o, lse = frost.sdpa_forward(q, k, v, causal=True)
+    problem = Problem.from_call("backward", q, k, v, o=o, lse=lse, do=do, causal=True, deterministic=True)
+    plan = Sm80Backward().compile(problem)
+    tensors = Tensors(q=q, k=k, v=v, o=o, lse=lse, do=do)
+    first = plan.execute(tensors)
+    kept = plan._kept.views["d"].data_ptr()
+    again = plan.execute(tensors)
+    assert plan._kept.views["d"].data_ptr() == kept
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        other = plan.execute(tensors)
+        assert plan._kept.stream == side.cuda_stream and plan._kept.views["d"].data_ptr() != kept
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    before = plan._kept.views
+    with torch.cuda.graph(graph):
+        captured = plan.execute(tensors)
+    assert plan._kept.views is before
+    graph.replay()
+    torch.cuda.synchronize()
+    for result in (again, other, captured):
+        for got, want in zip(result[:3], first[:3]):
+            assert torch.equal(got, want)

@@ -20,6 +20,7 @@ case: logits error 4.05e-3 (frost) vs 4.15e-3 (sdpa) at magnitude 0.66; gradient
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 import types
@@ -191,10 +192,12 @@ def test_decoding_with_a_cache():
     mark = ledger.mark()
     with torch.no_grad():
         for model in models:
-            cache = transformers.DynamicCache(config=model.config)
-            outs = [model(prompt, cache=cache, use_cache=True).logits[:, -1].float()]
+            # transformers 5 calls it ``cache``, earlier releases ``past_key_values`` (and ignore ``cache``)
+            name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+            cached = {name: transformers.DynamicCache(config=model.config), "use_cache": True}
+            outs = [model(prompt, **cached).logits[:, -1].float()]
             for t in range(steps.shape[1]):
-                outs.append(model(steps[:, t : t + 1], cache=cache, use_cache=True).logits[:, -1].float())
+                outs.append(model(steps[:, t : t + 1], **cached).logits[:, -1].float())
             logits.append(torch.stack(outs, dim=1))
     problems = _frost_forwards(mark)
     # one query against the cache: full attention over it, as sdpa does without a mask

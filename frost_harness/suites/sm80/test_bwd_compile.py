@@ -169,3 +169,35 @@ def test_split_plan_reports_the_partials_in_its_workspace():
     assert split.splits == 4 and split.params[1].split_group and not whole.params[1].split_group
     partials = 2 * 4 * (2 * 300 * 1 * 64) * 4
     assert split.workspace_bytes - whole.workspace_bytes >= partials
+
+
+@pytest.mark.L0
+def test_workspace_carves_disjoint_typed_views_at_the_buffer_offset():
+    """Each part of a split, ordered, sinks-carrying backward's workspace is one contiguous view
+    of the caller's bytes, at its own offset, in its own dtype, none overlapping another, and
+    relative to where the given buffer starts (a slice of a larger allocation)."""
+    from frost.engines.sm80 import _Workspace
+
+    q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 1, 64, dtype=torch.bfloat16)
+    problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True,
+                                deterministic=True, sinks=torch.zeros(8))  # fmt: skip
+    plan = Sm80Backward(split=4).compile(problem)
+    workspace = _Workspace(problem, plan.splits, plan.params[0], plan.params[1])
+    names = [name for name, _ in workspace.parts]
+    assert {"dq_counters", "dsink_partial", "dk_partial", "dv_partial"} <= set(names)
+    lead = _Workspace.ALIGN
+    backing = torch.zeros(lead + workspace.nbytes, dtype=torch.uint8)
+    views = workspace.carve(backing[lead:])
+    spans = []
+    for name, shape in workspace.parts:
+        view = views[name]
+        assert view.shape == shape and view.is_contiguous(), name
+        assert view.dtype == (torch.int32 if name == "dq_counters" else torch.float32), name
+        start = view.data_ptr() - backing.data_ptr()
+        assert start >= lead and start % _Workspace.ALIGN == 0, name
+        spans.append((start, start + 4 * view.numel()))
+        view.fill_(1)
+    spans.sort()
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+    assert spans[-1][1] <= lead + workspace.nbytes and int(backing[:lead].sum()) == 0
