@@ -129,11 +129,12 @@ class Sm80Backward(Engine):
         return super().check_support(problem) or sm80_decline(problem)
 
     def records(self, problem: Problem) -> tuple:
-        """The chain's params records for ``problem``: (preprocess, main, last pass)."""
+        """The chain's params records for ``problem``: (preprocess, main, last pass), and the
+        combine of the dK / dV partials when the plan splits a GQA group."""
         return self._chain(problem)[0]
 
     def _chain(self, problem: Problem) -> tuple[tuple, int]:
-        from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdPreParams
+        from frost.kernels.sm80.config import BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams
 
         main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
                                         self.ordered_dq, self.tile_mn)
@@ -143,7 +144,8 @@ class Sm80Backward(Engine):
             accum_tile_m=main.tile_m if main.reduces_dq else 0, dq_counters=main.dq_ordered,
         )
         last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
-        return (pre, main, last), splits
+        combine = (BwdCombineParams.of(main),) if splits > 1 else ()
+        return (pre, main, last, *combine), splits
 
     def compile(self, problem: Problem) -> Plan:
         from frost.kernels.sm80 import compile as sm80_compile
@@ -348,7 +350,8 @@ class _Sm80BackwardPlan(Plan):
         staged = grads[:3] if out is None else [  # allocate_backward's are aligned and contiguous
             g if _vector_aligned(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device) for g in grads[:3]]
         launch_bwd(
-            *self._compiled, t, *staged, grads.dsinks, scratch, splits=self.splits,
+            *self._compiled, t=t, dq=staged[0], dk=staged[1], dv=staged[2], dsinks=grads.dsinks, scratch=scratch,
+            splits=self.splits,
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
             batch=p.batch, max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
         )

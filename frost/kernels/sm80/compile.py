@@ -23,12 +23,14 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
-from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams, FwdParams
+from frost.kernels.sm80.config import (
+    BwdCombineParams, BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams, FwdParams,
+)
 from frost.kernels.template import compile_cache, load_template
 
 FWD_TEMPLATE = "sm80/fwd"
 FWD_CACHE = compile_cache("sm80_fwd")
-BWD_TEMPLATES = ("sm80/bwd_pre", "sm80/bwd", "sm80/bwd_dq", "sm80/bwd_convert")
+BWD_TEMPLATES = ("sm80/bwd_pre", "sm80/bwd", "sm80/bwd_dq", "sm80/bwd_convert", "sm80/bwd_combine")
 BWD_CACHE = compile_cache("sm80_bwd")  # every kernel of the backward chain
 _DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 _VECTOR = 8  # elements per 16-byte vector
@@ -211,6 +213,17 @@ def _build_bwd_convert(params: BwdConvertParams, options: str):
     )
 
 
+def _build_bwd_combine(params: BwdCombineParams, options: str):
+    module = load_template(BWD_TEMPLATES[4], params)
+    dtype, packed = _DTYPES[params.dtype], params.layout == "thd"
+    # the head dims are runtime extents here: the kernel guards each 8-column vector
+    dk, dv = fake_rows_tensor(dtype, packed, cute.sym_int()), fake_rows_tensor(dtype, packed, cute.sym_int())
+    return cute.compile(
+        module.sdpa_bwd_combine, fake_partials(packed, params.tile_hdim_qk), fake_partials(packed, params.tile_hdim_v),
+        dk, dv, fake_vector(Int32) if packed else None, make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
+    )
+
+
 def compile_record(params, arch: str | None = None):
     """The compiled kernel for any SM80 params record, built for ``arch`` (None: this process's
     target, ``target_arch``); from memory, the disk cache, or a fresh compile."""
@@ -276,6 +289,7 @@ _KINDS = {  # params type -> (template, cache it is counted in, builder)
     BwdParams: (BWD_TEMPLATES[1], BWD_CACHE, _build_bwd),
     BwdDqParams: (BWD_TEMPLATES[2], BWD_CACHE, _build_bwd_dq),
     BwdConvertParams: (BWD_TEMPLATES[3], BWD_CACHE, _build_bwd_convert),
+    BwdCombineParams: (BWD_TEMPLATES[4], BWD_CACHE, _build_bwd_combine),
 }
 
 
@@ -294,8 +308,8 @@ def launch_fwd(compiled, q, k, v, o, lse, *, scale: float, window_left: int, win
              scale * LOG2_E, window_left, window_right, max_seqlen_q)
 
 
-def launch_bwd(compiled_pre, compiled_main, compiled_last, t, dq, dk, dv, dsinks, scratch, *, splits: int,
-               scale: float, window_left: int, window_right: int, batch: int, max_seqlen_q: int,
+def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t, dq, dk, dv, dsinks, scratch,
+               splits: int, scale: float, window_left: int, window_right: int, batch: int, max_seqlen_q: int,
                max_seqlen_k: int) -> None:
     """Run the backward chain on torch tensors (current stream).
 
@@ -304,7 +318,8 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, t, dq, dk, dv, dsinks
     ``splits`` > 1; dq_counters in the ordered deterministic mode). Default mode and ordered
     deterministic mode: bwd_pre (which also zeroes the accumulator and counters), bwd (dK, dV,
     dQ reductions), bwd_convert (dq). Deterministic: bwd_pre, bwd (dK, dV only), bwd_dq.
-    Split GQA groups: the fp32 partials are summed in split order into dk, dv.
+    Split GQA groups (``compiled_combine``, bwd_combine): the fp32 partials are summed in split
+    order into dk, dv.
 
     A kernel whose grid would be empty (no sequence, no query or no key rows) is not launched:
     CUDA rejects a zero grid, and there is nothing for it to write. With no query rows the main
@@ -325,10 +340,9 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, t, dq, dk, dv, dsinks
                       t.seqlens_q, t.seqlens_k, scale, scale * LOG2_E, window_left, window_right, max_seqlen_q)
     elif queries:
         compiled_last(accum, dq, t.cu_seqlens_q, scale, max_seqlen_q)
-    if splits > 1:
-        for partial, grad in ((dk_out, dk), (dv_out, dv)):
-            summed = partial.sum(0)[..., : grad.shape[-1]]  # a fixed order: deterministic
-            copy_rows(grad, summed, t.cu_seqlens_k)
+    if splits > 1 and keys:
+        (combine,) = compiled_combine
+        combine(dk_out, dv_out, dk, dv, t.cu_seqlens_k)
     if dsinks is not None:
         torch.sum(scratch["dsink_partial"], dim=1, out=dsinks)
 

@@ -369,6 +369,25 @@ class BwdConvertParams(_Tiles):
 
 
 @dataclasses.dataclass(frozen=True)
+class BwdCombineParams(_Tiles):
+    """``sm80/bwd_combine``: a split GQA group's fp32 dK / dV partials -> dk, dv (io dtype),
+    summed in split order. The split count and the head dims are runtime values; the flavor
+    gives the partials' widths."""
+
+    dtype: str
+    flavor: str
+    layout: str
+
+    @classmethod
+    def of(cls, bwd: "BwdParams") -> "BwdCombineParams":
+        return cls(dtype=bwd.dtype, flavor=bwd.flavor, layout=bwd.layout)
+
+    def validate(self) -> "BwdCombineParams":
+        _checker(self)
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
 class BwdDqParams(_Tiles):
     """``sm80/bwd_dq``: dQ of the deterministic backward, one CTA per query block.
 

@@ -18,7 +18,7 @@ import dataclasses
 import itertools
 
 from frost.kernels.sm80.config import (
-    BwdConvertParams, BwdDqParams, BwdPreParams, FwdParams, bwd_params_for, fwd_params_for,
+    BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams, FwdParams, bwd_params_for, fwd_params_for,
 )
 
 HEAD_DIMS = {  # (head_dim_qk, head_dim_v) -> which flavor / partial flags they select
@@ -47,8 +47,9 @@ def admitted_fwd_params() -> list[FwdParams]:
 
 
 def admitted_bwd_params() -> list:
-    """Every params record of every kernel of the backward chain (bwd_pre, bwd, and bwd_convert
-    or bwd_dq), as ``frost.engines.sm80.backward_choices`` can produce them."""
+    """Every params record of every kernel of the backward chain (bwd_pre, bwd, bwd_convert or
+    bwd_dq, and bwd_combine for split groups), as ``frost.engines.sm80.backward_choices`` can
+    produce them."""
     seen: dict = {}
     modes = ((False, 1, False), (False, 4, False), (True, 1, False), (True, 1, True))  # det, width, ordered
     for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, ordered), split in itertools.product(
@@ -67,6 +68,8 @@ def admitted_bwd_params() -> list:
                           has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,
                           dq_counters=ordered)] = None
         seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
+        if split:
+            seen[BwdCombineParams.of(main)] = None
     return list(seen)
 
 

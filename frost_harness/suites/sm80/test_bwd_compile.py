@@ -13,7 +13,9 @@ import cutlass  # noqa: E402,F401  (a hard dependency: a missing DSL fails these
 
 from frost.engines.sm80 import Sm80Backward  # noqa: E402
 from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
-from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams  # noqa: E402
+from frost.kernels.sm80.config import (  # noqa: E402
+    BwdCombineParams, BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams,
+)
 from frost.problem import Problem  # noqa: E402
 from frost_harness.suites.sm80.params_space import admitted_bwd_params, covering_subset  # noqa: E402
 
@@ -21,7 +23,8 @@ ALL = admitted_bwd_params()
 SUBSET = covering_subset(ALL)
 SUBSET_SET = set(SUBSET)
 COMPILE = {BwdPreParams: sm80_compile.compile_bwd_pre, BwdParams: sm80_compile.compile_bwd,
-           BwdDqParams: sm80_compile.compile_bwd_dq, BwdConvertParams: sm80_compile.compile_bwd_convert}  # fmt: skip
+           BwdDqParams: sm80_compile.compile_bwd_dq, BwdConvertParams: sm80_compile.compile_bwd_convert,
+           BwdCombineParams: sm80_compile.compile_record}  # fmt: skip
 
 
 def _id(p) -> str:
@@ -49,7 +52,7 @@ def test_bwd_chain_compiles_every_admitted_combination(params):
 @pytest.mark.L0
 def test_admitted_chain_covers_every_kernel_and_mode():
     kinds = {type(p) for p in ALL}
-    assert kinds == {BwdPreParams, BwdParams, BwdDqParams, BwdConvertParams}
+    assert kinds == {BwdPreParams, BwdParams, BwdDqParams, BwdConvertParams, BwdCombineParams}
     mains = [p for p in ALL if isinstance(p, BwdParams)]
     assert {p.deterministic for p in mains} == {False, True}
     assert {p.dq_reduce_width for p in mains} == {1, 4}
@@ -87,7 +90,8 @@ def test_thd_token_totals_and_sequence_counts_reuse_one_chain(deterministic):
     assert second.total_q != first.total_q or second.seqlen_q != first.seqlen_q
     engine.compile(second)
     after = sm80_compile.BWD_CACHE.stats()
-    chain_length = 3  # bwd_pre, bwd, then bwd_dq (deterministic) or bwd_convert
+    # bwd_pre, bwd, then bwd_dq (recompute deterministic) or bwd_convert, and bwd_combine if split
+    chain_length = len(engine.records(second))
     assert after.compiles == before.compiles, "a new token total recompiled part of the chain"
     assert after.hits == before.hits + chain_length
     engine.compile(_packed_problem([64, 100, 30], deterministic=deterministic))
@@ -167,6 +171,7 @@ def test_split_plan_reports_the_partials_in_its_workspace():
     split = Sm80Backward(split=4).compile(problem)
     whole = Sm80Backward(split=1).compile(problem)
     assert split.splits == 4 and split.params[1].split_group and not whole.params[1].split_group
+    assert isinstance(split.params[3], BwdCombineParams) and len(whole.params) == 3  # the partials' combine
     partials = 2 * 4 * (2 * 300 * 1 * 64) * 4
     assert split.workspace_bytes - whole.workspace_bytes >= partials
 
