@@ -3,7 +3,8 @@
 Enumerated through the engines' own lowering (``fwd_params_for``,
 ``backward_choices`` and the backward plan's derived records) over every fact
 that changes code: dtype, whether each head dim fills its flavor, layout and
-padding, which window sides are bounded, alignment, sinks, deterministic mode,
+padding, which window sides are bounded, alignment, sinks, the bias's dtype (and, in the
+backward, whether it broadcasts), deterministic mode,
 and the backward's device and size choices (dQ reduce width 1 on SM80 / 4 on
 SM90, GQA group split or not). Sizes, head counts, token totals and window
 values are runtime and do not multiply it.
@@ -33,14 +34,23 @@ LAYOUTS = {"bshd": ("bshd", False), "padded": ("bshd", True), "thd": ("thd", Fal
 WINDOWS = {"none": (-1, -1), "causal": (-1, 0), "left": (16, -1), "right": (-1, 16), "both": (16, 4)}
 
 
+BIASES = (None, "float32", "io")  # no bias, a float32 bias, a bias in the io dtype
+
+
+def _bias_dtype(bias: str | None, dtype: str) -> str | None:
+    return dtype if bias == "io" else bias
+
+
 def admitted_fwd_params() -> list[FwdParams]:
     seen: dict[FwdParams, None] = {}
-    for dtype, dims, layout, window, bottom_right, sinks in itertools.product(
-        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True), (False, True)
+    for dtype, dims, layout, window, bottom_right, sinks, bias in itertools.product(
+        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True), (False, True),
+        BIASES,
     ):
         params = fwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, has_sinks=sinks,
+            bias_dtype=_bias_dtype(bias, dtype),
         )
         seen[params] = None
     return list(seen)
