@@ -4,7 +4,9 @@
 ``frost/kernels/sm80/fwd.py``); ``sdpa_bwd_sm80`` the backward chain
 (``bwd_pre`` -> ``bwd`` -> dQ conversion; ``bwd_dq`` in place of the conversion when the
 deterministic mode recomputes dQ).
-Their Capabilities rows say what they accept; ``check_support`` adds the facts
+Their Capabilities rows say what they accept (an additive bias included: float32 or the io
+dtype, every broadcast of [B|1, Hq|1, Sq, Sk], dense, padded and packed; dbias in the bias's
+dtype, deterministic mode included; frost/kernels/sm80/bias.py); ``check_support`` adds the facts
 a row cannot express (a CUDA device of compute capability 8.x or 9.x, a
 positive scale, 16-byte aligned rows, the DSL installed).
 
