@@ -1,6 +1,6 @@
 """Side-by-side attention timings on one GPU: frost's SM80 engines against torch's backends.
 
-    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants] [--hdims] [--out DIR]
+    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants] [--hdims] [--bias] [--out DIR]
 
 The shapes: bf16, batch x seqlen = 16k tokens, hidden 2048 (H = 2048 / D),
 head dims 64 and 128, seqlens 1k / 4k / 8k, causal and not (12 MHA shapes);
@@ -17,6 +17,13 @@ minimum frost/flash ratio.
 heads), d192x128 (Dqk 192, Dv 128) and d192 (16 heads each), seqlens 1k / 4k / 8k,
 causal and not. torch's flash backend refuses Dqk != Dv (a NaN and a note in its
 column); the minimum frost/flash ratio is over the rows it serves.
+
+``--bias`` times an additive bias instead: a float32 ``[1, H, S, S]`` bias, bf16, 16k tokens,
+hidden 2048, d64 and d128, seqlens 2k and 8k, causal and not; forward and backward (dbias
+included: a reduction over the batch). torch's backends get the same bias as ``attn_mask`` (the
+efficient backend, and cuDNN where it serves it, take it only in the io dtype, so they get it
+rounded to bf16, with the causal mask folded in as -inf since torch takes no ``is_causal`` beside
+a mask; the mask requires grad in the backward); the ratio column is frost / efficient.
 
 ``--variants`` adds backward columns for the engine's choices, forced one at a
 time through the plan: ``det_rec`` (deterministic mode with dQ recomputed by the bwd_dq pass
@@ -98,8 +105,9 @@ def _inputs(b, s, hq, hkv, d, grad_out=False):
     return q, k, v, torch.randn(b, s, hq, dv, device="cuda", dtype=torch.bfloat16)
 
 
-def _torch_call(backend: str, q, k, v, causal: bool):
-    """(sdpa(q, k, v) -> o in BHSD, note) for one torch backend; K and V repeated when it refuses GQA."""
+def _torch_call(backend: str, q, k, v, causal: bool, mask=None):
+    """(sdpa(q, k, v) -> o in BHSD, note) for one torch backend; K and V repeated when it refuses GQA.
+    ``mask``: an additive attn_mask (BHSD), which then carries the causal mask too."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -109,6 +117,8 @@ def _torch_call(backend: str, q, k, v, causal: bool):
 
     def call(qt, kt, vt, **extra):
         with sdpa_kernel(chosen):
+            if mask is not None:
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, **extra)
             return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **extra)
 
     if not gqa:
@@ -283,6 +293,74 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
     return row
 
 
+BIAS_SHAPES = tuple(itertools.product((64, 128), (2048, 8192), (False, True)))  # d, S, causal
+
+
+def _bias_inputs(s, d, causal):
+    """q, k, v, do of a --bias row, its float32 [1, H, S, S] bias, and torch's bf16 attn_mask
+    (the bias with the causal mask folded in)."""
+    b, h = TOKENS // s, HIDDEN // d
+    q, k, v, do = _inputs(b, s, h, h, d, grad_out=True)
+    bias = torch.randn(1, h, s, s, device="cuda", dtype=torch.float32)
+    mask = bias.to(torch.bfloat16)
+    if causal:
+        mask = mask.masked_fill(torch.ones(s, s, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+    return (b, h), (q, k, v, do), bias, mask
+
+
+def bias_rows(d, s, causal, reps_ms: int) -> list[dict]:
+    """``--bias``: a forward and a backward row of one shape, frost against torch's backends."""
+    (b, h), (q, k, v, do), bias, mask = _bias_inputs(s, d, causal)
+    flops = _flops(b, s, h, d, causal)
+    rows = []
+    for direction in ("fwd", "bwd"):
+        row = {"direction": direction, "d": d, "S": s, "B": b, "Hq": h, "Hkv": h, "causal": causal, "notes": []}
+        o, lse = frost.sdpa_forward(q, k, v, causal=causal, bias=bias)
+        if direction == "fwd":
+            work = flops
+            run = lambda: frost.sdpa_forward(q, k, v, causal=causal, bias=bias, out=(o, lse))  # noqa: E731
+            row["engine"] = _plan("forward", q, k, v, causal=causal, bias=bias)[0].engine
+        else:
+            work = 2.5 * flops
+            grads = frost.Grads(*(torch.empty_like(x) for x in (q, k, v, bias)))
+            run = lambda: frost.sdpa_backward(do, q, k, v, o, lse, causal=causal, bias=bias, out=grads)  # noqa: E731
+            row["engine"] = _plan("backward", q, k, v, o=o, lse=lse, do=do, causal=causal, bias=bias)[0].engine
+            det = lambda: frost.sdpa_backward(do, q, k, v, o, lse, causal=causal, bias=bias,  # noqa: E731
+                                              deterministic=True, out=grads)
+            row["frost_det"] = work / _bench(det, reps_ms) / 1e9
+        row["frost"] = work / _bench(run, reps_ms) / 1e9
+        for backend in ("cudnn", "efficient"):
+            try:
+                m = mask.detach().requires_grad_(direction == "bwd")
+                sdpa, (qt, kt, vt), note = _torch_call(backend, q, k, v, causal, mask=m)
+                if direction == "fwd":
+                    row[backend] = work / _bench(sdpa, reps_ms) / 1e9
+                else:
+                    qt, kt, vt = (x.detach().requires_grad_(True) for x in (qt, kt, vt))
+                    out = sdpa(qt, kt, vt)
+                    run = lambda: torch.autograd.grad(out, (qt, kt, vt, m), do.transpose(1, 2),  # noqa: E731
+                                                      retain_graph=True)
+                    row[backend] = work / _bench(run, reps_ms) / 1e9
+                row["notes"] += [note] if note else []
+            except RuntimeError as error:  # a backend that refuses the mask or the shape
+                row[backend] = float("nan")
+                row["notes"].append(f"{backend}: {str(error).splitlines()[0][:60]}")
+        row["frost/efficient"] = row["frost"] / row["efficient"]
+        rows.append(_progress(row))
+        del o, lse
+    return rows
+
+
+def print_bias_table(rows: list[dict]) -> None:
+    cols = ["direction", "B", "S", "Hq", "d", "causal", "frost", "frost_det", "cudnn", "efficient", "frost/efficient"]
+    print("| " + " | ".join(cols) + " | notes |")
+    print("|" + "---|" * (len(cols) + 1))
+    for r in rows:
+        cells = [f"{r[c]:.3f}" if c == "frost/efficient" else f"{r[c]:.1f}" if isinstance(r.get(c), float)
+                 else str(r.get(c, "")) for c in cols]  # fmt: skip
+        print("| " + " | ".join(cells) + " | " + "; ".join(r["notes"]) + " |")
+
+
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
     named = ["split", "frost_det", "det cost", "det_rec", "det_rec cost", "w4", "hf_off", "hf_on", "nosplit",
@@ -320,11 +398,21 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", action="store_true",
                         help="backward: time each engine choice forced; with --hdims also forward tiles")
     parser.add_argument("--hdims", action="store_true", help="the wide head-dim shapes (d256, d192x128, d192)")
+    parser.add_argument("--bias", action="store_true",
+                        help="a float32 [1, H, S, S] bias, forward and backward, against torch's efficient backend")
     parser.add_argument("--only", default="", help="comma list of shape indices to run (0-based, MHA then GQA)")
     parser.add_argument("--out", default=os.environ.get("OUT", "frost-out/bench"))
     parser.add_argument("--precompile", type=int, default=0, metavar="J",
                         help="first build every kernel the run needs in J parallel workers (disk cache)")
     args = parser.parse_args(argv)
+    if args.bias:
+        rows = [r for i, shape in enumerate(BIAS_SHAPES) if not args.only or str(i) in args.only.split(",")
+                for r in bias_rows(*shape, args.reps_ms)]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "bench_sdpa_bias.json").write_text(json.dumps(rows, indent=1))
+        print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (TFLOP/s; ratio = frost / efficient)")
+        print_bias_table(rows)
+        return 0
     chosen = [x for i, x in enumerate(shapes(args.hdims)) if not args.only or str(i) in args.only.split(",")]
     if args.precompile:
         precompile(chosen, args.direction, args.variants, args.precompile)

@@ -4,7 +4,9 @@
 ``frost/kernels/sm80/fwd.py``); ``sdpa_bwd_sm80`` the backward chain
 (``bwd_pre`` -> ``bwd`` -> dQ conversion; ``bwd_dq`` in place of the conversion when the
 deterministic mode recomputes dQ).
-Their Capabilities rows say what they accept; ``check_support`` adds the facts
+Their Capabilities rows say what they accept (an additive bias included: float32 or the io
+dtype, every broadcast of [B|1, Hq|1, Sq, Sk], dense, padded and packed; dbias in the bias's
+dtype, deterministic mode included; frost/kernels/sm80/bias.py); ``check_support`` adds the facts
 a row cannot express (a CUDA device of compute capability 8.x or 9.x, a
 positive scale, 16-byte aligned rows, the DSL installed).
 
@@ -28,13 +30,16 @@ from frost.engines.base import Capabilities, Engine, Plan, allocate_backward, al
 from frost.problem import Grads, Problem, Tensors
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_BIAS_DTYPE_NAMES = {torch.float32: "float32", **_DTYPE_NAMES}
 VECTOR_ELEMENTS = 8  # one 16-byte cp.async vector of fp16/bf16
 
 SM80_CAPABILITIES = Capabilities(
     dtypes=frozenset(_DTYPE_NAMES),
     layouts=frozenset({"bshd", "thd"}),
+    # bias: float32 or the io dtype, every broadcast of [B|1, Hq|1, Sq, Sk], dense, padded and
+    # packed layouts; dbias in the bias's dtype, deterministic mode included (kernels/sm80/bias.py)
     features=frozenset(
-        {"thd", "padding", "gqa", "mqa", "causal", "bottom_right", "window", "sinks", "dqk_ne_dv", "strided"}
+        {"thd", "padding", "gqa", "mqa", "causal", "bottom_right", "window", "bias", "sinks", "dqk_ne_dv", "strided"}
     ),
     device_types=frozenset({"cuda"}),
     head_dim_multiple=VECTOR_ELEMENTS,
@@ -85,7 +90,7 @@ class Sm80Forward(Engine):
             dtype=_DTYPE_NAMES[problem.dtype], head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v,
             layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
             window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
-            has_sinks=problem.has_sinks,
+            has_sinks=problem.has_sinks, bias_dtype=bias_dtype_name(problem),
         ),)
 
     def compile(self, problem: Problem) -> Plan:
@@ -180,6 +185,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
         layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
         window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
         deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_ordered=ordered_dq,
+        bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
     )
     if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
         main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)
@@ -191,6 +197,26 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
         heavy_first = main.has_window_right or main.dq_ordered
     main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first).validate()
     return main, split
+
+
+def bias_dtype_name(problem: Problem) -> str | None:
+    """The params records' name of the bias dtype ("float32" or the io dtype), None without one."""
+    return None if problem.bias is None else _BIAS_DTYPE_NAMES[problem.bias.dtype]
+
+
+def bias_broadcast(problem: Problem) -> bool:
+    """Whether dbias sums over batches or heads: the bias has size 1 where the problem has more."""
+    bias = problem.bias
+    return bias is not None and ((bias.broadcast_batch and problem.batch > 1) or
+                                 (bias.broadcast_heads and problem.heads_q > 1))
+
+
+def _dbias_covered(problem: Problem) -> bool:
+    """Whether the main kernel's dS stores reach every element of dbias (or of its partials): dense,
+    unpadded, unwindowed, non-empty problems visit every tile, each element valid. Otherwise the
+    target is zero-filled first, so padded and never-visible positions read 0."""
+    return (problem.layout == "bshd" and not problem.has_seqlens and problem.window_left < 0
+            and problem.window_right < 0 and min(problem.batch, problem.seqlen_q, problem.seqlen_k) > 0)
 
 
 def _vector_aligned(x: torch.Tensor) -> bool:
@@ -217,7 +243,7 @@ class _Sm80ForwardPlan(Plan):
             self._compiled, tensors.q, tensors.k, tensors.v, o_kernel, lse,
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
             cu_seqlens_q=tensors.cu_seqlens_q, cu_seqlens_k=tensors.cu_seqlens_k,
-            seqlens_q=tensors.seqlens_q, seqlens_k=tensors.seqlens_k, sinks=tensors.sinks,
+            seqlens_q=tensors.seqlens_q, seqlens_k=tensors.seqlens_k, sinks=tensors.sinks, bias=tensors.bias,
             max_seqlen_q=p.seqlen_q,
         )
         if o_kernel is not o:
@@ -229,7 +255,10 @@ class _Workspace:
     """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32);
     the flat fp32 dQ accumulator (default mode; layout in sm80/seqlen.py) and, ordered
     deterministic mode, int32 counters per query block; per-block dsink
-    partials (with sinks); fp32 dK / dV partials (split GQA groups)."""
+    partials (with sinks); fp32 dK / dV partials (split GQA groups); for a broadcast bias
+    (kernels/sm80/bias.py) fp32 dbias partials [B, Hq, Sq, Sk] (deterministic mode: 4 bytes per
+    element, B*Hq/(B'*H') times the bias's element count) or, default mode with a bias in the
+    io dtype, an fp32 accumulator shaped like the bias."""
 
     ALIGN = 256
 
@@ -246,6 +275,12 @@ class _Workspace:
             self.parts.append(("dq_counters", (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m))))
         if p.has_sinks:
             self.parts.append(("dsink_partial", (p.heads_q, p.batch * pre.num_m_blocks(p.seqlen_q))))
+        if main.dbias_dtype is not None and bias_broadcast(p):
+            extents = p.bias.shape[2:]
+            if not main.dbias_reduce:
+                self.parts.append(("dbias_partial", (p.batch, p.heads_q, *extents)))
+            elif p.bias.dtype != torch.float32:  # a float32 dbias is its own accumulator
+                self.parts.append(("dbias_accum", p.bias.shape))
         if splits > 1:
             rows = (p.total_k,) if p.layout == "thd" else (p.batch, p.seqlen_k)
             for name, width in (("dk_partial", main.tile_hdim_qk), ("dv_partial", main.tile_hdim_v)):
@@ -347,11 +382,16 @@ class _Sm80BackwardPlan(Plan):
         # dense: the chain writes every element (padded rows as zeros); packed tails must read as zeros
         grads = Grads(*out) if out is not None else allocate_backward(p, t, zero=p.layout == "thd")
         scratch = self._kept.get(t.q) if workspace is None else self._workspace.carve(workspace)
+        if grads.dbias is not None:
+            target = scratch.get("dbias_partial", scratch.get("dbias_accum", grads.dbias))
+            if self.params[1].dbias_reduce or not _dbias_covered(p):
+                target.zero_()
+            scratch = {**scratch, "dbias_target": target}  # the kept views stay the plan's parts only
         staged = grads[:3] if out is None else [  # allocate_backward's are aligned and contiguous
             g if _vector_aligned(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device) for g in grads[:3]]
         launch_bwd(
-            *self._compiled, t=t, dq=staged[0], dk=staged[1], dv=staged[2], dsinks=grads.dsinks, scratch=scratch,
-            splits=self.splits,
+            *self._compiled, t=t, dq=staged[0], dk=staged[1], dv=staged[2], dsinks=grads.dsinks, dbias=grads.dbias,
+            scratch=scratch, splits=self.splits,
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
             batch=p.batch, max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
         )

@@ -14,7 +14,8 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
 
     wait Q[h,m], dO[h,m]; barrier
     issue Q, dO of the next step    into the other stage buffer
-    S, P, dP, dS                    mma (sdp layout); masked only where needed
+    S, P, dP, dS                    mma (sdp layout); masked only where needed; bias added
+    dS -> dbias                     with a bias: stored or reduced per element (bias.py)
     P, dS -> shared (io dtype); barrier
     dV += P^T.dO                    mma (dkv layout, operands via ldmatrix.trans)
     dQ = dS.K -> reductions         (not in deterministic mode)
@@ -65,6 +66,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import recompute, tiles
+from frost.kernels.sm80.bias import ScoreBias, bias_view
 from frost.kernels.sm80.mask import AttentionMask
 from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, dq_accum_slice, heads_of, launch_extents
 
@@ -78,12 +80,13 @@ PACKED = P.layout == "thd"
 STAGES = 2  # Q and dO buffers: step i+1 loads while step i computes
 DQ_WIDTH = P.dq_reduce_width
 ORDERED = P.dq_ordered
+HAS_BIAS = P.bias_dtype is not None
 
 
 class BwdTensors(NamedTuple):
     """The kernel's global tensors: dq_accum None in deterministic mode (unless ``dq_ordered``,
     which adds dq_counters, int32 (B, H, query blocks)); dk, dv fp32 partials with a leading
-    split index when ``split_group``."""
+    split index when ``split_group``; bias and dbias (its target: bias.py) None without a bias."""
 
     q: cute.Tensor
     k: cute.Tensor
@@ -95,6 +98,8 @@ class BwdTensors(NamedTuple):
     dq_counters: cute.Tensor | None
     dk: cute.Tensor
     dv: cute.Tensor
+    bias: cute.Tensor | None
+    dbias: cute.Tensor | None
 
 
 class BwdSetup(NamedTuple):
@@ -116,7 +121,7 @@ class BwdSetup(NamedTuple):
 def sdpa_bwd(
     mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor,
     mdQaccum: cute.Tensor | None, mdQcounters: cute.Tensor | None, mdK: cute.Tensor, mdV: cute.Tensor,
-    mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None,
+    mBias: cute.Tensor | None, mdBias: cute.Tensor | None, mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None,
     mSeqlensQ: cute.Tensor | None, mSeqlensK: cute.Tensor | None,
     scale: Float32, scale_log2: Float32, window_left: Int32, window_right: Int32, max_seqlen_k: Int32,
     num_splits: Int32, stream,
@@ -151,7 +156,7 @@ def sdpa_bwd(
     else:
         grid = [num_n_blocks, head_slots, num_batch]
     bwd_kernel(
-        BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV),
+        BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
         scale, scale_log2, window_left, window_right, num_splits, setup, SharedStorage,
     ).launch(grid=grid, block=[NUM_THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
@@ -162,7 +167,7 @@ def bwd_kernel(
     tensors: BwdTensors, lengths: SeqlenTensors, scale: Float32, scale_log2: Float32,
     window_left: Int32, window_right: Int32, num_splits: Int32, setup: BwdSetup, SharedStorage: cutlass.Constexpr,
 ):
-    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV = tensors
+    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = tensors
     tidx, _, _ = cute.arch.thread_idx()
     if const_expr(P.heavy_first):
         # key blocks are the grid's slowest index: under a causal mask the lowest ones see the
@@ -222,10 +227,14 @@ def bwd_kernel(
                         step_m_block(i + 1, m_block_min, m_block_max, num_m_blocks), 1 - stage)
         cute.arch.cp_async_commit_group()
 
+        bias = ScoreBias.create(mBias, batch, head, seqlen, scale_log2, TILE_M, TILE_N) if const_expr(HAS_BIAS) else None
         acc_P, acc_dS = recompute.probabilities_and_ds(
             step.score_operands(stage), step.acc_shape_S, mask, m_block, n_block, step.tScS, step.t0ScS,
-            row_lse2, row_d, scale_log2,
+            row_lse2, row_d, scale_log2, bias,
         )
+        if const_expr(HAS_BIAS):  # dS is dbias of (batch, head): stored, or reduced over broadcast dims
+            bias.write_grad(bias_view(mdBias, batch, head), acc_dS, step.tScS, step.t0ScS, m_block, n_block,
+                            P.dbias_reduce)
         step.stash_p_ds(acc_P, acc_dS)
         cute.arch.barrier()  # P, dS complete in shared memory
         step.accumulate_dv(acc_dV, stage)

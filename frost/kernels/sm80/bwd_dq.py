@@ -9,7 +9,7 @@ key block, and sums dQ in registers in a fixed order:
     prologue: Q, dO -> shared (resident); lse2, D -> registers
     for key block n = n_min .. n_max-1:
         wait K[n], V[n]; barrier
-        S  = Q.K^T; mask; P = exp2(S*scale_log2 - lse2)
+        S  = Q.K^T (+ bias); mask; P = exp2(S*scale_log2 - lse2)
         dP = dO.V^T; dS = P * (dP - D)
         barrier; issue V[n+1]              (overlaps dS.K)
         dQ += dS.K                         (dS from registers, K via ldmatrix.trans)
@@ -28,6 +28,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import recompute, tiles
+from frost.kernels.sm80.bias import ScoreBias
 from frost.kernels.sm80.mask import AttentionMask
 from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of, launch_extents
 
@@ -41,7 +42,7 @@ PACKED = P.layout == "thd"
 
 
 class BwdDqTensors(NamedTuple):
-    """The kernel's global tensors."""
+    """The kernel's global tensors (bias None without a bias: it enters P, its gradient is sm80/bwd's)."""
 
     q: cute.Tensor
     k: cute.Tensor
@@ -50,6 +51,7 @@ class BwdDqTensors(NamedTuple):
     lse2: cute.Tensor
     d: cute.Tensor
     dq: cute.Tensor
+    bias: cute.Tensor | None
 
 
 @cute.jit
@@ -61,6 +63,7 @@ def sdpa_bwd_dq(
     mLSE2: cute.Tensor,
     mD: cute.Tensor,
     mdQ: cute.Tensor,
+    mBias: cute.Tensor | None,
     mCuSeqlensQ: cute.Tensor | None,
     mCuSeqlensK: cute.Tensor | None,
     mSeqlensQ: cute.Tensor | None,
@@ -83,7 +86,7 @@ def sdpa_bwd_dq(
 
     num_m_blocks, num_heads, num_batch = launch_extents(mQ, mCuSeqlensQ, max_seqlen_q, TILE_M, PACKED)
     bwd_dq_kernel(
-        BwdDqTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQ),
+        BwdDqTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQ, mBias),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
         scale, scale_log2, window_left, window_right, setup, SharedStorage,
     ).launch(
@@ -105,7 +108,7 @@ def bwd_dq_kernel(
     setup: tiles.SingleMmaSetup,
     SharedStorage: cutlass.Constexpr,
 ):
-    mQ, mK, mV, mdO, mLSE2, mD, mdQ = tensors
+    mQ, mK, mV, mdO, mLSE2, mD, mdQ, mBias = tensors
     sQ_layout, sK_layout, sV_layout, sdO_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
     tidx, _, _ = cute.arch.thread_idx()
     m_block, head, batch = cute.arch.block_idx()
@@ -113,6 +116,9 @@ def bwd_dq_kernel(
     head_kv = head // (heads_of(mQ, PACKED) // heads_of(mK, PACKED))
     mask = AttentionMask.for_sequence(TILE_M, TILE_N, P, seqlen, window_left, window_right, True)
     n_block_min, n_block_max = mask.n_block_range(m_block)
+    bias = None
+    if const_expr(P.bias_dtype is not None):
+        bias = ScoreBias.create(mBias, batch, head, seqlen, scale_log2, TILE_M, TILE_N)
 
     storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
     sQ = storage.sQ.get_tensor(sQ_layout)
@@ -193,7 +199,7 @@ def bwd_dq_kernel(
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         _, acc_dS = recompute.probabilities_and_ds(score_operands, acc_shape_S, mask, m_block, n_block, tScS, t0ScS,
-                                                   row_lse2, row_d, scale_log2)
+                                                   row_lse2, row_d, scale_log2, bias)
         rdS = cute.make_fragment_like(acc_dS, DTYPE)
         rdS.store(acc_dS.load().to(DTYPE))
 

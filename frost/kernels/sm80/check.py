@@ -44,7 +44,8 @@ class Case(CaseFields):
 
     def __post_init__(self):
         if self.bias is not None or self.rope:
-            raise ValueError("the SM80 check script runs no bias and no RoPE (the kernels take neither)")
+            raise ValueError("the SM80 check script runs no bias and no RoPE (the kernels take no RoPE; a bias "
+                             "is checked by the GPU suites, frost_harness/suites/sm80)")
 
     def keywords(self) -> dict:
         """The scale and mask keywords of frost's API and of the oracle."""

@@ -59,6 +59,17 @@ def fake_lse_tensor(packed: bool):
     )
 
 
+def fake_bias_tensor(dtype_name: str | None):
+    """A bias or dbias ``[B|1, H|1, Sq, Sk]`` of that dtype (None: no tensor): any strides with a
+    unit last one, read and written per element (sm80/bias.py), so no alignment is assumed."""
+    if dtype_name is None:
+        return None
+    dtype = {"float32": Float32, **_DTYPES}[dtype_name]
+    shape = tuple(cute.sym_int() for _ in range(4))
+    return make_fake_tensor(dtype, shape, (cute.sym_int64(), cute.sym_int64(), cute.sym_int64(), 1),
+                            assumed_align=dtype.width // 8)
+
+
 def fake_vector(dtype):
     return make_fake_tensor(dtype, (cute.sym_int(),), (1,), assumed_align=4)
 
@@ -84,8 +95,9 @@ def _build_fwd(params: FwdParams, options: str):
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
     sinks = fake_vector(Float32) if params.has_sinks else None
+    bias = fake_bias_tensor(params.bias_dtype)
     return cute.compile(
-        module.sdpa_fwd, q, k, v, o, lse, cu_q, cu_k, seqlens_q, seqlens_k, sinks,
+        module.sdpa_fwd, q, k, v, o, lse, cu_q, cu_k, seqlens_q, seqlens_k, sinks, bias,
         Float32(1.0), Int32(-1), Int32(-1), Int32(0),
         make_fake_stream(use_tvm_ffi_env_stream=True),
         options=options,
@@ -167,8 +179,10 @@ def _build_bwd(params: BwdParams, options: str):
     cu_k = fake_vector(Int32) if packed else None
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
+    bias, dbias = fake_bias_tensor(params.bias_dtype), fake_bias_tensor(params.dbias_dtype)
     return cute.compile(
-        module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, counters, dk, dv, cu_q, cu_k, seqlens_q, seqlens_k,
+        module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, counters, dk, dv, bias, dbias,
+        cu_q, cu_k, seqlens_q, seqlens_k,
         Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0), Int32(1),
         make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
     )
@@ -192,7 +206,8 @@ def _build_bwd_dq(params: BwdDqParams, options: str):
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
     return cute.compile(
-        module.sdpa_bwd_dq, q, k, v, do, lse2, d, dq, cu_q, cu_k, seqlens_q, seqlens_k,
+        module.sdpa_bwd_dq, q, k, v, do, lse2, d, dq, fake_bias_tensor(params.bias_dtype),
+        cu_q, cu_k, seqlens_q, seqlens_k,
         Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0),
         make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
     )
@@ -297,25 +312,27 @@ LOG2_E = 1.4426950408889634
 
 
 def launch_fwd(compiled, q, k, v, o, lse, *, scale: float, window_left: int, window_right: int,
-               cu_seqlens_q=None, cu_seqlens_k=None, seqlens_q=None, seqlens_k=None, sinks=None,
+               cu_seqlens_q=None, cu_seqlens_k=None, seqlens_q=None, seqlens_k=None, sinks=None, bias=None,
                max_seqlen_q: int = 0) -> None:
     """Launch a compiled forward on torch tensors (current stream). No validation: the
     engine's check_support and the Problem did that before the plan was made. With no query
     rows (``max_seqlen_q`` 0) the grid would be empty and nothing is launched."""
     if max_seqlen_q == 0 or q.numel() == 0:
         return
-    compiled(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, sinks,
+    compiled(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqlens_q, seqlens_k, sinks, bias,
              scale * LOG2_E, window_left, window_right, max_seqlen_q)
 
 
-def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t, dq, dk, dv, dsinks, scratch,
-               splits: int, scale: float, window_left: int, window_right: int, batch: int, max_seqlen_q: int,
+def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t, dq, dk, dv, dsinks, dbias,
+               scratch, splits: int, scale: float, window_left: int, window_right: int, batch: int, max_seqlen_q: int,
                max_seqlen_k: int) -> None:
     """Run the backward chain on torch tensors (current stream).
 
     ``t`` is the call's frost.problem.Tensors; ``scratch`` the carved workspace (d, lse2;
     dq_accum unless deterministic; dsink_partial with sinks; dk_partial, dv_partial when
-    ``splits`` > 1; dq_counters in the ordered deterministic mode). Default mode and ordered
+    ``splits`` > 1; dq_counters in the ordered deterministic mode; with a bias, dbias_target, what
+    the main kernel writes dS into: dbias itself, or a float32 accumulator or partials that are
+    reduced into dbias at the end, sm80/bias.py). Default mode and ordered
     deterministic mode: bwd_pre (which also zeroes the accumulator and counters), bwd (dK, dV,
     dQ reductions), bwd_convert (dq). Deterministic: bwd_pre, bwd (dK, dV only), bwd_dq.
     Split GQA groups (``compiled_combine``, bwd_combine): the fp32 partials are summed in split
@@ -333,10 +350,10 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t,
     dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if splits > 1 else (dk, dv)
     if keys:
         compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
-                      t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
+                      t.bias, scratch.get("dbias_target"), t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
                       scale, scale * LOG2_E, window_left, window_right, max_seqlen_k, splits)
     if queries and accum is None:
-        compiled_last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], dq, t.cu_seqlens_q, t.cu_seqlens_k,
+        compiled_last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], dq, t.bias, t.cu_seqlens_q, t.cu_seqlens_k,
                       t.seqlens_q, t.seqlens_k, scale, scale * LOG2_E, window_left, window_right, max_seqlen_q)
     elif queries:
         compiled_last(accum, dq, t.cu_seqlens_q, scale, max_seqlen_q)
@@ -345,6 +362,16 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t,
         combine(dk_out, dv_out, dk, dv, t.cu_seqlens_k)
     if dsinks is not None:
         torch.sum(scratch["dsink_partial"], dim=1, out=dsinks)
+    if dbias is not None and scratch["dbias_target"] is not dbias:
+        finish_dbias(dbias, scratch["dbias_target"])
+
+
+def finish_dbias(dbias, target) -> None:
+    """dbias from the main kernel's float32 target (sm80/bias.py): per-(batch, head) partials are
+    summed over the dimensions the bias broadcasts (torch's reduction: a fixed order, so
+    deterministic), an accumulator shaped like the bias is only converted to its dtype."""
+    dims = [d for d in (0, 1) if dbias.shape[d] == 1 and target.shape[d] > 1]
+    dbias.copy_(target.sum(dims, keepdim=True) if dims else target)
 
 
 def copy_rows(dst, src, cu_seqlens=None) -> None:

@@ -87,6 +87,7 @@ class FwdParams(_Tiles):
     bottom_right: bool      # align query i with key i + Sk_b - Sq_b
     has_sinks: bool         # per-head sink logit in the softmax denominator
     heavy_first: bool = False  # launch query blocks longest-first across the whole grid
+    bias_dtype: str | None = None  # an additive bias ("float32" or the io dtype) read per score; None: none
 
     def smem_bytes(self) -> int:
         return 2 * (self.tile_hdim_qk * (self.tile_m + self.tile_n) + self.tile_hdim_v * self.tile_n)
@@ -119,12 +120,19 @@ class FwdParams(_Tiles):
             bad(f"shared memory {self.smem_bytes()} B exceeds {SMEM_BYTES_MAX} B")
         if self.tile_hdim_v > self.tile_hdim_qk:
             bad("tile_hdim_v must not exceed tile_hdim_qk (the epilogue stages O in Q's shared memory)")
+        _check_bias_dtype(self, bad)
         return self
+
+
+def _check_bias_dtype(record, bad) -> None:
+    """A bias is float32 or the record's io dtype, or absent (None)."""
+    if record.bias_dtype not in (None, "float32", record.dtype):
+        bad(f"bias_dtype must be None, 'float32' or the io dtype {record.dtype!r}")
 
 
 def fwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
-    window_left: int, window_right: int, bottom_right: bool, has_sinks: bool,
+    window_left: int, window_right: int, bottom_right: bool, has_sinks: bool, bias_dtype: str | None = None,
 ) -> FwdParams:
     """Lower a forward problem's facts to the params the engine compiles (the tile policy).
 
@@ -141,14 +149,14 @@ def fwd_params_for(
     tile_qk, tile_v = FLAVORS[flavor]
     masked_right = window_right >= 0
     tile_m, tile_n, num_warps = FWD_TILES[flavor]
-    if flavor == "d64" and masked_right:
-        tile_n = 64
+    if flavor == "d64" and (masked_right or bias_dtype is not None):
+        tile_n = 64  # with a bias too: a 128x128 tile's bias loads spilled most of the registers
     return FwdParams(
         dtype=dtype, flavor=flavor, partial_hdim_qk=head_dim_qk < tile_qk, partial_hdim_v=head_dim_v < tile_v,
         tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, layout=layout, has_seqlens=has_seqlens,
         has_window_left=window_left >= 0, has_window_right=masked_right,
         bottom_right=bottom_right and (window_left >= 0 or masked_right), has_sinks=has_sinks,
-        heavy_first=flavor != "d64" and masked_right,
+        heavy_first=flavor != "d64" and masked_right, bias_dtype=bias_dtype,
     ).validate()
 
 
@@ -243,6 +251,12 @@ class BwdParams(_Tiles):
     # fixed order per query block (key blocks from the lowest up, launched in that order:
     # heavy_first), each CTA waiting on a per-block counter for its turn (sm80/bwd.py, "Ordered dQ")
     dq_ordered: bool = False
+    bias_dtype: str | None = None   # an additive bias read by the recompute of P; None: none
+    # where dS goes as dbias: stored per element in this dtype (the bias's own without broadcast;
+    # float32 per-(batch, head) partials for a broadcast bias in deterministic mode), or with
+    # ``dbias_reduce`` reduced (red.global.add.f32) into a float32 accumulator shaped like the bias
+    dbias_dtype: str | None = None
+    dbias_reduce: bool = False
 
     @property
     def reduces_dq(self) -> bool:
@@ -293,6 +307,13 @@ class BwdParams(_Tiles):
             bad("the dQ chunk must split evenly into the threads' reductions")
         if self.smem_bytes() > SMEM_BYTES_MAX:
             bad(f"shared memory {self.smem_bytes()} B exceeds {SMEM_BYTES_MAX} B")
+        _check_bias_dtype(self, bad)
+        if (self.bias_dtype is None) != (self.dbias_dtype is None):
+            bad("bias_dtype and dbias_dtype are set together (a bias has a gradient)")
+        if self.dbias_dtype not in (None, "float32", self.bias_dtype):
+            bad("dbias_dtype must be the bias's dtype (stored as is) or float32 (partials, accumulator)")
+        if self.dbias_reduce and (self.deterministic or self.dbias_dtype != "float32"):
+            bad("dbias_reduce adds float atomics into a float32 accumulator: not in deterministic mode")
         return self
 
     @property
@@ -304,11 +325,13 @@ class BwdParams(_Tiles):
 def bwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
-    split_group: bool = False, dq_ordered: bool = False,
+    split_group: bool = False, dq_ordered: bool = False, bias_dtype: str | None = None,
+    bias_broadcast: bool = False,
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``
     and ``split_group`` are the engine's choices per device and per problem size
-    (frost/engines/sm80.py)."""
+    (frost/engines/sm80.py). ``bias_broadcast``: the bias has size 1 where the problem has
+    several batches or heads, so dbias sums over them (sm80/bias.py says how)."""
     flavor = flavor_for(head_dim_qk, head_dim_v)
     if flavor is None:
         raise ValueError(f"no flavor covers head dims {head_dim_qk}/{head_dim_v}")
@@ -323,7 +346,19 @@ def bwd_params_for(
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
         dq_reduce_width=1 if deterministic else dq_reduce_width, split_group=split_group,
         dq_ordered=deterministic and dq_ordered, heavy_first=deterministic and dq_ordered,
+        **dbias_fields(bias_dtype, bias_broadcast, deterministic),
     ).validate()
+
+
+def dbias_fields(bias_dtype: str | None, broadcast: bool, deterministic: bool) -> dict:
+    """BwdParams' bias fields (sm80/bias.py): without broadcast dS is dbias, stored once per
+    element in the bias's dtype; broadcast, float32 partials per (batch, head) summed in a fixed
+    order afterwards (deterministic) or reductions into a float32 accumulator."""
+    if bias_dtype is None:
+        return {}
+    if not broadcast:
+        return dict(bias_dtype=bias_dtype, dbias_dtype=bias_dtype)
+    return dict(bias_dtype=bias_dtype, dbias_dtype="float32", dbias_reduce=not deterministic)
 
 
 # flavor -> the main backward kernel's (tile_m, tile_n, warps_m_sdp, warps_n_dkv, warps_m_dq), all
@@ -408,6 +443,7 @@ class BwdDqParams(_Tiles):
     tile_m: int = 64
     tile_n: int = 64
     num_warps: int = 4
+    bias_dtype: str | None = None  # the additive bias the recompute of P reads
 
     @classmethod
     def of(cls, bwd: "BwdParams") -> "BwdDqParams":
@@ -415,7 +451,7 @@ class BwdDqParams(_Tiles):
             dtype=bwd.dtype, flavor=bwd.flavor, partial_hdim_qk=bwd.partial_hdim_qk,
             partial_hdim_v=bwd.partial_hdim_v, layout=bwd.layout, has_seqlens=bwd.has_seqlens,
             has_window_left=bwd.has_window_left, has_window_right=bwd.has_window_right,
-            bottom_right=bwd.bottom_right, tile_n=128 if bwd.flavor == "d64" else 64,
+            bottom_right=bwd.bottom_right, tile_n=128 if bwd.flavor == "d64" else 64, bias_dtype=bwd.bias_dtype,
         )
 
     def smem_bytes(self) -> int:
@@ -430,4 +466,5 @@ class BwdDqParams(_Tiles):
             bad(f"tile_m and tile_n must be multiples of {rows_per_step} and 16")
         if self.smem_bytes() > SMEM_BYTES_MAX:
             bad(f"shared memory {self.smem_bytes()} B exceeds {SMEM_BYTES_MAX} B")
+        _check_bias_dtype(self, bad)
         return self

@@ -18,6 +18,7 @@ Pipeline (one K buffer, one V buffer, cp.async, two barriers per key block):
         wait K[n]; barrier            (sV free again: last P.V finished)
         issue V[n] -> sV              (overlaps the Q.K^T below)
         S = Q.K^T                     (ldmatrix double-buffered per k-slice)
+        S += bias                     (with a bias: read from global, S in log2 units, bias.py)
         mask S                        (only blocks that need it: see mask.py)
         wait V[n]; barrier            (sK free again)
         issue K[n-1] -> sK            (overlaps softmax and P.V)
@@ -36,7 +37,7 @@ which evens out its tail.
 
 Layouts: dense q/k/v/o are (B, S, H, D) with any strides but a unit last
 one; packed ones are (T, H, D) with cu_seqlens (B+1); lse is (B, H, S) or
-(H, T). All extents and strides are dynamic, so one artifact serves every
+(H, T); a bias is (B|1, H|1, Sq, Sk), any strides, unit last. All extents and strides are dynamic, so one artifact serves every
 batch size, sequence length, head count, head dim within the flavor, number
 of packed sequences and packed token total; only the params record (dtype,
 flavor, whether head dims fill it, tiles, features) is static.
@@ -55,6 +56,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
+from frost.kernels.sm80.bias import ScoreBias
 from frost.kernels.sm80.mask import AttentionMask
 from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of, launch_extents
 from frost.kernels.sm80.softmax import OnlineSoftmax
@@ -67,10 +69,11 @@ NUM_THREADS = P.num_threads
 CHECK_HDIM_QK = P.partial_hdim_qk  # columns past head_dim_qk are predicated off and zeroed
 CHECK_HDIM_V = P.partial_hdim_v
 PACKED = P.layout == "thd"
+HAS_BIAS = P.bias_dtype is not None
 
 
 class FwdTensors(NamedTuple):
-    """The kernel's global tensors (sinks None without sinks)."""
+    """The kernel's global tensors (sinks None without sinks, bias None without a bias)."""
 
     q: cute.Tensor
     k: cute.Tensor
@@ -78,6 +81,7 @@ class FwdTensors(NamedTuple):
     o: cute.Tensor
     lse: cute.Tensor
     sinks: cute.Tensor | None
+    bias: cute.Tensor | None
 
 
 @cute.jit
@@ -92,6 +96,7 @@ def sdpa_fwd(
     mSeqlensQ: cute.Tensor | None,
     mSeqlensK: cute.Tensor | None,
     mSinks: cute.Tensor | None,
+    mBias: cute.Tensor | None,
     scale_log2: Float32,
     window_left: Int32,
     window_right: Int32,
@@ -114,7 +119,7 @@ def sdpa_fwd(
     else:
         grid = [num_m_blocks, num_heads, num_batch]
     fwd_kernel(
-        FwdTensors(mQ, mK, mV, mO, mLSE, mSinks),
+        FwdTensors(mQ, mK, mV, mO, mLSE, mSinks, mBias),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
         scale_log2, window_left, window_right, setup, SharedStorage,
     ).launch(
@@ -135,7 +140,7 @@ def fwd_kernel(
     setup: tiles.SingleMmaSetup,
     SharedStorage: cutlass.Constexpr,
 ):
-    mQ, mK, mV, mO, mLSE, mSinks = tensors
+    mQ, mK, mV, mO, mLSE, mSinks, mBias = tensors
     sQ_layout, sK_layout, sV_layout, sO_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
     tidx, _, _ = cute.arch.thread_idx()
     if const_expr(P.heavy_first):
@@ -150,6 +155,9 @@ def fwd_kernel(
     head_kv = head // (heads_of(mQ, PACKED) // heads_of(mK, PACKED))
     mask = AttentionMask.for_sequence(TILE_M, TILE_N, P, seqlen, window_left, window_right, False)
     n_block_min, n_block_max = mask.n_block_range(m_block)
+    # with a bias the scores enter the softmax in log2 units already (bias.py): its scale is 1
+    bias = ScoreBias.create(mBias, batch, head, seqlen, scale_log2, TILE_M, TILE_N) if const_expr(HAS_BIAS) else None
+    softmax_scale_log2 = 1.0 if const_expr(HAS_BIAS) else scale_log2
 
     # ---- tiles of this CTA -------------------------------------------------
     # (TILE_M, TILE_HDIM_QK)
@@ -226,7 +234,7 @@ def fwd_kernel(
                         seqlen.seqlen_k - n_top * TILE_N)
     cute.arch.cp_async_commit_group()
 
-    softmax = OnlineSoftmax.create(scale_log2, cute.size(acc_O, mode=[0, 0]) * cute.size(acc_O, mode=[1]))
+    softmax = OnlineSoftmax.create(softmax_scale_log2, cute.size(acc_O, mode=[0, 0]) * cute.size(acc_O, mode=[1]))
 
     # ---- main loop over key blocks, highest first ---------------------------
     # Two instantiations of one step: the masked one (band edges, the sequence
@@ -234,9 +242,9 @@ def fwd_kernel(
     for i in cutlass.range(n_block_max - n_block_min, unroll=1):
         n_block = n_block_max - 1 - i
         if mask.needs_mask(m_block, n_block):
-            step.run(n_block, n_block_min, m_block, seqlen.seqlen_k, mask, softmax, acc_O, masked=True)
+            step.run(n_block, n_block_min, m_block, seqlen.seqlen_k, mask, bias, softmax, acc_O, masked=True)
         else:
-            step.run(n_block, n_block_min, m_block, seqlen.seqlen_k, mask, softmax, acc_O, masked=False)
+            step.run(n_block, n_block_min, m_block, seqlen.seqlen_k, mask, bias, softmax, acc_O, masked=False)
 
     # ---- epilogue ------------------------------------------------------------
     write_o_lse(tidx, acc_O, softmax, mSinks, mO, mLSE, sQ, sO_layout, tiled_mma, gmem_tiled_copy_store,
@@ -298,8 +306,8 @@ def write_o_lse(tidx, acc_O: cute.Tensor, softmax: OnlineSoftmax, mSinks, mO: cu
 class KeyBlockStep:
     """The partitions, fragments and copies of the main loop, built once per CTA.
 
-    ``run`` does one key block: S = Q.K^T, mask (when ``masked``), online
-    softmax, O += P.V, with the cp.async pipeline of the module docstring.
+    ``run`` does one key block: S = Q.K^T, bias (when the record has one),
+    mask (when ``masked``), online softmax, O += P.V, with the cp.async pipeline of the module docstring.
     ``masked`` blocks may also be the block that runs past Sk_b, so their V
     load checks rows and zero-fills (P = 0 times an unwritten NaN would be NaN).
     """
@@ -328,7 +336,7 @@ class KeyBlockStep:
 
     @cute.jit
     def run(self, n_block: Int32, n_block_min: Int32, m_block: Int32, seqlen_k: Int32, mask: AttentionMask,
-            softmax: OnlineSoftmax, acc_O: cute.Tensor, masked: cutlass.Constexpr[bool]):
+            bias: ScoreBias | None, softmax: OnlineSoftmax, acc_O: cute.Tensor, masked: cutlass.Constexpr[bool]):
         acc_S = cute.make_rmem_tensor(self.acc_shape_S, Float32)
         acc_S.fill(0.0)
         cute.arch.cp_async_wait_group(0)
@@ -342,6 +350,8 @@ class KeyBlockStep:
         cute.arch.cp_async_commit_group()
 
         tiles.gemm_ss(self.tiled_mma, acc_S, self.tSrQ, self.tSrK, self.tSsQ, self.tSsK, self.copy_Q, self.copy_K)
+        if const_expr(HAS_BIAS):  # before the mask: a masked position's bias is never read into a score
+            bias.to_log2_scores(acc_S, self.tScS, self.t0ScS, m_block, n_block, check_cols=masked)
         if const_expr(masked):
             mask.apply(acc_S, self.tScS, self.t0ScS, m_block, n_block)
 

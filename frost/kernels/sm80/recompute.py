@@ -2,7 +2,7 @@
 (per key block, walking query blocks) and ``sm80/bwd_dq`` (per query block, walking key
 blocks): a thread's rows of lse2 and D, then
 
-    S  = Q.K^T                      (masked where the tile needs it)
+    S  = Q.K^T                      (plus the bias, in log2 units: bias.py; masked where needed)
     P  = exp2(S * scale_log2 - lse2)  rows of padded / empty queries give 0 (lse2 = +inf)
     dP = dO.V^T
     dS = P * (dP - D)
@@ -16,9 +16,10 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, const_expr
 
 from frost.kernels.sm80 import tiles
+from frost.kernels.sm80.bias import ScoreBias
 
 
 class ScoreOperands(NamedTuple):
@@ -56,16 +57,22 @@ def row_stats(gLSE2: cute.Tensor, gD: cute.Tensor, tScS_mn: cute.Tensor, rows_le
 
 @cute.jit
 def probabilities_and_ds(ops: ScoreOperands, acc_shape, mask, m_block, n_block, tScS: cute.Tensor,
-                         t0ScS: cute.Tensor, row_lse2: cute.Tensor, row_d: cute.Tensor, scale_log2: Float32):
-    """(P, dS) of the tile, in fp32 accumulators of ``acc_shape`` (module docstring)."""
+                         t0ScS: cute.Tensor, row_lse2: cute.Tensor, row_d: cute.Tensor, scale_log2: Float32,
+                         bias: ScoreBias | None = None):
+    """(P, dS) of the tile, in fp32 accumulators of ``acc_shape`` (module docstring). With a
+    ``bias`` the scores are in log2 units before the exp2, whose scale is then 1."""
     acc_S = cute.make_rmem_tensor(acc_shape, Float32)
     acc_S.fill(0.0)
     tiles.gemm_ss(ops.tiled_mma, acc_S, ops.tSrQ, ops.tSrK, ops.tSsQ, ops.tSsK, ops.copy_A, ops.copy_B)
+    exp_scale = scale_log2
+    if const_expr(bias is not None):  # before the mask: a masked position's bias never enters a score
+        bias.to_log2_scores(acc_S, tScS, t0ScS, m_block, n_block)
+        exp_scale = 1.0
     if mask.needs_mask(m_block, n_block):
         mask.apply(acc_S, tScS, t0ScS, m_block, n_block)
     acc_S_mn = tiles.acc_mn_view(acc_S)
     for r in cutlass.range_constexpr(cute.size(row_lse2)):
-        acc_S_mn[r, None].store(cute.math.exp2(acc_S_mn[r, None].load() * scale_log2 - row_lse2[r], fastmath=True))
+        acc_S_mn[r, None].store(cute.math.exp2(acc_S_mn[r, None].load() * exp_scale - row_lse2[r], fastmath=True))
 
     acc_dP = cute.make_rmem_tensor(acc_shape, Float32)
     acc_dP.fill(0.0)

@@ -3,7 +3,8 @@
 Enumerated through the engines' own lowering (``fwd_params_for``,
 ``backward_choices`` and the backward plan's derived records) over every fact
 that changes code: dtype, whether each head dim fills its flavor, layout and
-padding, which window sides are bounded, alignment, sinks, deterministic mode,
+padding, which window sides are bounded, alignment, sinks, the bias's dtype (and, in the
+backward, whether it broadcasts), deterministic mode,
 and the backward's device and size choices (dQ reduce width 1 on SM80 / 4 on
 SM90, GQA group split or not). Sizes, head counts, token totals and window
 values are runtime and do not multiply it.
@@ -33,14 +34,23 @@ LAYOUTS = {"bshd": ("bshd", False), "padded": ("bshd", True), "thd": ("thd", Fal
 WINDOWS = {"none": (-1, -1), "causal": (-1, 0), "left": (16, -1), "right": (-1, 16), "both": (16, 4)}
 
 
+BIASES = (None, "float32", "io")  # no bias, a float32 bias, a bias in the io dtype
+
+
+def _bias_dtype(bias: str | None, dtype: str) -> str | None:
+    return dtype if bias == "io" else bias
+
+
 def admitted_fwd_params() -> list[FwdParams]:
     seen: dict[FwdParams, None] = {}
-    for dtype, dims, layout, window, bottom_right, sinks in itertools.product(
-        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True), (False, True)
+    for dtype, dims, layout, window, bottom_right, sinks, bias in itertools.product(
+        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True), (False, True),
+        BIASES,
     ):
         params = fwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, has_sinks=sinks,
+            bias_dtype=_bias_dtype(bias, dtype),
         )
         seen[params] = None
     return list(seen)
@@ -52,14 +62,15 @@ def admitted_bwd_params() -> list:
     produce them."""
     seen: dict = {}
     modes = ((False, 1, False), (False, 4, False), (True, 1, False), (True, 1, True))  # det, width, ordered
-    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, ordered), split in itertools.product(
-        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True),
-        (False, True), modes, (False, True),
+    biases = ((None, False), ("float32", False), ("float32", True), ("io", False), ("io", True))  # (dtype, broadcast)
+    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, ordered), split, bias in (
+        itertools.product(("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(),
+                          (False, True), (False, True), modes, (False, True), biases)
     ):
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
-            dq_reduce_width=width, dq_ordered=ordered,
+            dq_reduce_width=width, dq_ordered=ordered, bias_dtype=_bias_dtype(bias[0], dtype), bias_broadcast=bias[1],
         )
         heavy_first = main.has_window_right or ordered  # as engines/sm80.backward_choices
         main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first).validate()
@@ -89,12 +100,21 @@ def covering_subset(params: list) -> list:
 
 def _pairwise_cover(params: list) -> list:
     names = [f.name for f in dataclasses.fields(params[0])]
-    wanted = set().union(*(_pairs(p, names) for p in params))
+    # each record's pairs once, as a bitmask over all pairs: with the bias variants (30k backward
+    # records) recomputing the sets in every round took minutes
+    bit: dict = {}
+    masks = []
+    for p in params:
+        mask = 0
+        for pair in _pairs(p, names):
+            mask |= 1 << bit.setdefault(pair, len(bit))
+        masks.append(mask)
+    wanted = (1 << len(bit)) - 1
     chosen: list[FwdParams] = []
     while wanted:
-        best = max(params, key=lambda p: len(_pairs(p, names) & wanted))
-        chosen.append(best)
-        wanted -= _pairs(best, names)
+        best = max(range(len(params)), key=lambda i: (masks[i] & wanted).bit_count())
+        chosen.append(params[best])
+        wanted &= ~masks[best]
     return chosen
 
 

@@ -101,3 +101,41 @@ def l0_grid(direction: str = "forward") -> list:
         known = BACKWARD_KNOWN_FAILURES.get(feature) if direction == "backward" else None
         grid.append(pytest.param(*values, marks=pytest.mark.xfail(strict=True, reason=known)) if known else values)
     return grid
+
+
+# The additive bias (kernels/sm80/bias.py): every broadcast shape of [B|1, Hq|1, Sq, Sk], with
+# padding (padded entries poisoned with NaN by the harness), packed sequences, masks, GQA, sinks,
+# and -inf holes (a fifth of the entries and one whole query row: a row with no visible key).
+# Each runs with a float32 bias and with one in the io dtype (``bias_grid``).
+BIAS_FEATURES = {
+    "bias_BH": dict(bias="BH"),
+    "bias_1H_causal": dict(bias="1H", causal=True),
+    "bias_B1_window": dict(bias="B1", window=(40, 8)),
+    "bias_11_gqa": dict(bias="11", heads_q=8, heads_kv=2),
+    "bias_BH_padding": dict(bias="BH", lengths_q=(257, 0), lengths_k=(190, 260)),
+    "bias_1H_padding_holes": dict(bias="1H", bias_holes=True, lengths_q=(257, 120), lengths_k=(190, 0),
+                                  causal=True, causal_align="bottom_right"),
+    "bias_11_holes": dict(bias="11", bias_holes=True),
+    "bias_B1_holes_sinks": dict(bias="B1", bias_holes=True, sinks=True),
+    "bias_BH_thd": dict(layout="thd", bias="BH", lengths_q=(96, 0, 160, 33), lengths_k=(96, 7, 160, 64),
+                        tail_q=5, tail_k=3),
+    "bias_1H_thd_gqa_causal": dict(layout="thd", bias="1H", lengths_q=(200, 1, 0, 130), lengths_k=(200, 2, 9, 150),
+                                   causal=True, heads_q=8, heads_kv=2, tail_q=3, tail_k=2),
+    "bias_11_mqa_edges": dict(bias="11", heads_q=6, heads_kv=1, seqlen_q=257, seqlen_k=255),
+    "bias_large": dict(bias="1H", bias_scale=6.0),
+}
+
+
+def bias_case(feature: str, dtype, dims, bias_io: bool, seed=0, **more) -> Case:
+    """A bias case: float32 bias, or (``bias_io``) one in the io dtype."""
+    return dataclasses.replace(
+        BASE, dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], seed=seed,
+        bias_dtype=dtype if bias_io else torch.float32, **{**BIAS_FEATURES[feature], **more},
+    )
+
+
+def bias_grid() -> list:
+    """(feature, dtype, head dims, bias in the io dtype): each feature with both bias dtypes,
+    dtype and head dims rotating."""
+    return [(feature, DTYPES[(i + io) % 2], HEAD_DIMS[i % len(HEAD_DIMS)], bool(io))
+            for i, feature in enumerate(BIAS_FEATURES) for io in (0, 1)]

@@ -59,6 +59,12 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     assert {p.split_group for p in mains} == {False, True}
     assert {p.heavy_first for p in mains} == {False, True}
     assert {p.dq_ordered for p in mains} == {False, True}
+    # a bias in each dtype; dbias stored in it, as fp32 partials, or reduced into fp32
+    assert {(p.bias_dtype == p.dtype, p.dbias_dtype, p.dbias_reduce) for p in mains if p.bias_dtype} == {
+        (False, "float32", False), (False, "float32", True), (True, "float16", False), (True, "bfloat16", False),
+        (True, "float32", False), (True, "float32", True)}
+    assert not any(p.dbias_reduce and p.deterministic for p in mains)
+    assert {p.bias_dtype for p in ALL if isinstance(p, BwdDqParams)} == {None, "float32", "float16", "bfloat16"}
     assert all(p.validate() is p for p in ALL)
     # every new field of every record is compiled in L0 with each of its values
     for kind in kinds:
@@ -206,3 +212,32 @@ def test_workspace_carves_disjoint_typed_views_at_the_buffer_offset():
     spans.sort()
     assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
     assert spans[-1][1] <= lead + workspace.nbytes and int(backing[:lead].sum()) == 0
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("change, rule", [
+    (dict(bias_dtype="float32"), "set together"),
+    (dict(bias_dtype="float32", dbias_dtype="float16"), "dbias_dtype must be"),
+    (dict(bias_dtype="float32", dbias_dtype="float32", dbias_reduce=True, deterministic=True), "dbias_reduce"),
+])
+def test_invalid_bias_fields_name_the_rule(change, rule):
+    main = next(p for p in SUBSET if isinstance(p, BwdParams) and p.dtype == "bfloat16" and not p.dq_ordered)
+    plain = dataclasses.replace(main, bias_dtype=None, dbias_dtype=None, dbias_reduce=False).validate()
+    with pytest.raises(ValueError, match=rule):
+        dataclasses.replace(plain, **change).validate()
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("shape, deterministic, extra_bytes", [
+    ((2, 4, 300, 300), True, 0),                 # no broadcast: dS stored straight into dbias
+    ((1, 4, 300, 300), False, 4 * 4 * 300 * 300),  # io-dtype bias, reduced: an fp32 accumulator like it
+    ((1, 1, 300, 300), True, 4 * 2 * 4 * 300 * 300),  # deterministic broadcast: per-(b, h) fp32 partials
+])
+def test_bias_plan_compiles_and_reports_its_dbias_workspace(shape, deterministic, extra_bytes):
+    q = torch.randn(2, 300, 4, 64, dtype=torch.bfloat16)
+    problem = Problem.from_call("backward", q, q, q, o=q, lse=torch.zeros(2, 4, 300), do=q, causal=True,
+                                deterministic=deterministic, bias=torch.zeros(shape, dtype=torch.bfloat16))
+    plain = Sm80Backward(split=1).compile(dataclasses.replace(problem, bias=None))
+    plan = Sm80Backward(split=1).compile(problem)
+    assert plan.params[1].bias_dtype == "bfloat16"
+    assert extra_bytes <= plan.workspace_bytes - plain.workspace_bytes < extra_bytes + 4096

@@ -242,3 +242,51 @@ def test_attention_forward_and_backward_route_to_sm80_and_match_oracle():
     grads = {"dq": q.grad, "dk": k.grad, "dv": v.grad, "dsinks": sinks.grad}
     verdicts.update(frost_harness.oracle.tolerance.check(grads, ref.as_dict(), base.as_dict(), io_dtype=case.dtype))
     assert all(v.passed for v in verdicts.values()), "\n".join(v.describe() for v in verdicts.values())
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+@pytest.mark.parametrize("feature, dtype, dims, bias_io", gpu_cases.bias_grid(), ids=lambda x: str(x))
+def test_bwd_sm80_bias_matches_oracle(feature, dtype, dims, bias_io, deterministic):
+    """dq, dk, dv and dbias (summed over the broadcast dims, in the bias's dtype; 0 at padded
+    positions) against the oracle, in the default mode (reductions into fp32 for a broadcast
+    bias) and the deterministic one (fp32 partials summed in a fixed order)."""
+    _assert_sm80(gpu_cases.bias_case(feature, dtype, dims, bias_io, deterministic=deterministic))
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("feature", ["bias_11_holes", "bias_1H_causal", "bias_1H_padding_holes"])
+def test_bwd_sm80_bias_recompute_deterministic_matches_oracle(feature, monkeypatch):
+    """The deterministic mode's dQ recompute pass (bwd_dq) reads the bias too."""
+    from frost.kernels.sm80.config import BwdDqParams
+
+    monkeypatch.setattr(_engine(), "ordered_dq", False)
+    _assert_sm80(gpu_cases.bias_case(feature, torch.bfloat16, (64, 64), False, deterministic=True))
+    assert any(isinstance(key[1], BwdDqParams) and key[1].bias_dtype for key in _bwd_cache_keys())
+
+
+BIAS_DETERMINISM_CASES = {  # broadcast (partials summed in order) and not (stored once), padded, GQA
+    "BH": dict(bias="BH", causal=True, seqlen_q=700, seqlen_k=700),
+    "1H_gqa": dict(bias="1H", heads_q=8, heads_kv=2, seqlen_q=600, seqlen_k=600),
+    "11_padding_holes": dict(bias="11", bias_holes=True, lengths_q=(500, 37), lengths_k=(300, 512),
+                             seqlen_q=512, seqlen_k=512),
+    "B1_thd": dict(layout="thd", bias="B1", lengths_q=(500, 3, 0, 260), lengths_k=(500, 9, 4, 300), causal=True,
+                   tail_q=4),
+}
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("bias_io", [False, True], ids=["bias_fp32", "bias_io"])
+@pytest.mark.parametrize("name", list(BIAS_DETERMINISM_CASES))
+def test_bwd_sm80_bias_deterministic_is_bitwise_stable_over_20_runs(name, bias_io):
+    case = dataclasses.replace(gpu_cases.BASE, deterministic=True, **BIAS_DETERMINISM_CASES[name])
+    case = dataclasses.replace(case, bias_dtype=case.dtype if bias_io else torch.float32)
+    inputs = make_inputs(case)
+    o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
+    first, decision = run_backward(inputs, o, lse, deterministic=True)
+    assert decision.engine == ENGINE
+    for _ in range(19):
+        again, _ = run_backward(inputs, o, lse, deterministic=True)
+        for name_, a, b in zip(("dq", "dk", "dv", "dbias"), first, again):
+            assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), (
+                f"{name_} differs between runs")

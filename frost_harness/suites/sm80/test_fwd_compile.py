@@ -48,8 +48,11 @@ def test_admitted_space_is_what_the_row_promises():
     # every flavor, both layouts and padding, every mask flag, sinks; nothing invalid
     assert {p.flavor for p in ALL} == set(FLAVORS)
     assert {(p.layout, p.has_seqlens) for p in ALL} == {("bshd", False), ("bshd", True), ("thd", False)}
+    assert {p.bias_dtype for p in ALL} == {None, "float32", "float16", "bfloat16"}
+    assert all(p.bias_dtype in (None, "float32", p.dtype) for p in ALL)
     assert all(p.validate() is p for p in ALL)
-    assert len(ALL) > 100 and len(SUBSET) < 20
+    # the bias (three values: none, float32, io dtype) raised the pairwise cover from 15 to 24
+    assert len(ALL) > 100 and len(SUBSET) < 30
 
 
 @pytest.mark.L0
@@ -62,6 +65,7 @@ def test_admitted_space_is_what_the_row_promises():
         (dict(tile_n=40), "tile_n must be"),
         (dict(flavor="d512"), "flavor must be"),
         (dict(tile_m=512, tile_n=256, flavor="d128"), "shared memory"),
+        (dict(dtype="float16", bias_dtype="bfloat16"), "bias_dtype must be None, 'float32' or the io dtype"),
     ],
 )
 def test_invalid_params_name_the_rule(change, rule):
@@ -93,3 +97,20 @@ def test_thd_token_totals_and_sequence_counts_reuse_one_artifact():
     assert after.hits >= before.hits + 1
     engine.compile(_packed_problem([64, 100, 30]))  # a different number of sequences: dynamic too
     assert sm80_compile.FWD_CACHE.stats().compiles == after.compiles, "a new number of sequences recompiled"
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("bias", ["BH", "1H", "B1", "11"])
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16])
+def test_bias_lowers_to_one_record_per_dtype_whatever_its_broadcast(bias, bias_dtype):
+    """A bias enters the forward's key by its dtype only: broadcast is a runtime index clamp
+    (sm80/bias.py), so every shape of [B|1, Hq|1, Sq, Sk] shares the record, and it compiles."""
+    q = torch.randn(2, 16, 4, 64, dtype=torch.bfloat16)
+    shape = (2 if bias[0] == "B" else 1, 4 if bias[1] == "H" else 1, 16, 16)
+    problem = Problem.from_call("forward", q, q, q, bias=torch.zeros(shape, dtype=bias_dtype), causal=True)
+    (params,) = Sm80Forward().records(problem)
+    want = "float32" if bias_dtype == torch.float32 else "bfloat16"
+    assert params.bias_dtype == want
+    assert params == dataclasses.replace(Sm80Forward().records(dataclasses.replace(problem, bias=None))[0],
+                                         bias_dtype=want)
+    assert sm80_compile.compile_fwd(params) is not None

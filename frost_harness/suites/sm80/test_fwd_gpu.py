@@ -68,3 +68,11 @@ def test_fwd_sm80_thd_rebinds_one_artifact_across_token_totals():
     _assert_sm80(third)
     assert sm80_compile.FWD_CACHE.stats().compiles == after.compiles
     print(f"compile cache before={before} after={after} final={sm80_compile.FWD_CACHE.stats()}")
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("feature, dtype, dims, bias_io", gpu_cases.bias_grid(), ids=lambda x: str(x))
+def test_fwd_sm80_bias_matches_oracle(feature, dtype, dims, bias_io):
+    """Every broadcast shape, float32 and io-dtype bias, padded (NaN in the padded bias entries),
+    packed, masked, and with -inf holes (a row without any visible key gives o = 0, lse = -inf)."""
+    _assert_sm80(gpu_cases.bias_case(feature, dtype, dims, bias_io))

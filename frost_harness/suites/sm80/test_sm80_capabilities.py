@@ -23,6 +23,7 @@ ENGINES = [Sm80Forward(), Sm80Backward()]
 @pytest.fixture(autouse=True)
 def _hopper(monkeypatch):
     monkeypatch.setattr(sm80, "_compute_capability", lambda device: (9, 0))
+    monkeypatch.setattr(sm80, "_sm_count", lambda device: 132)  # the backward's lowering asks for it
 
 
 def _problem(engine, *, hq=4, hkv=4, dqk=64, dv=None, dtype=torch.bfloat16, device="cuda:0", q=None, **kw):
@@ -46,7 +47,6 @@ def _problem(engine, *, hq=4, hkv=4, dqk=64, dv=None, dtype=torch.bfloat16, devi
         (dict(dqk=192, dv=128), dict(dqk=192, dv=264), "exceeds 256"),
         (dict(dqk=72), dict(dqk=68), "not a multiple of 8"),
         (dict(dqk=64, dv=40), dict(dqk=64, dv=36), "not a multiple of 8"),
-        (dict(causal=True), dict(bias=torch.zeros(1, 4, 16, 16)), "additive bias"),
         (dict(window=(3, 2)), dict(rope=(torch.ones(16, 32), torch.zeros(16, 32))), "fused RoPE"),
         (dict(scale=0.1), dict(scale=-0.1), "positive scale"),
         (dict(hq=8, hkv=2), dict(q=torch.randn(2, 16, 4, 68, dtype=torch.bfloat16)[..., :64]), "16-byte aligned"),
@@ -82,8 +82,62 @@ def test_backward_accepts_deterministic_mode():
 
 @pytest.mark.parametrize(
     "keywords", [dict(), dict(causal=True, causal_align="bottom_right"), dict(window=(5, -1)),
-                 dict(sinks=torch.zeros(4)), dict(seqlens_q=torch.tensor([3, 16], dtype=torch.int32))],
+                 dict(sinks=torch.zeros(4)), dict(seqlens_q=torch.tensor([3, 16], dtype=torch.int32)),
+                 dict(bias=torch.zeros(1, 4, 16, 16)), dict(bias=torch.zeros(2, 1, 16, 16, dtype=torch.bfloat16)),
+                 dict(bias=torch.zeros(1, 1, 16, 16), seqlens_k=torch.tensor([16, 5], dtype=torch.int32))],
 )
 def test_every_listed_feature_is_accepted(keywords):
     for engine in ENGINES:
         assert engine.check_support(_problem(engine, **keywords)) is None
+
+
+def _packed_problem(engine, **kw):
+    cu = torch.tensor([0, 5, 16], dtype=torch.int32)
+    q = torch.randn(16, 4, 64, dtype=torch.bfloat16)
+    extra = dict(o=q, do=q, lse=torch.randn(4, 16)) if engine.direction == "backward" else {}
+    problem = Problem.from_call(engine.direction, q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, **extra, **kw)
+    return dataclasses.replace(problem, device="cuda:0")
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16])
+def test_bias_is_served_in_every_layout_and_lowered_by_dtype(engine, bias_dtype):
+    """The rows admit a bias (float32 or the io dtype, any broadcast) dense, padded and packed;
+    lowering puts its dtype into the records, and the backward's dbias target in the main one."""
+    name = "float32" if bias_dtype == torch.float32 else "bfloat16"
+    for problem in (_problem(engine, bias=torch.zeros(1, 4, 16, 16, dtype=bias_dtype)),
+                    _packed_problem(engine, bias=torch.zeros(2, 1, 16, 16, dtype=bias_dtype))):
+        assert engine.check_support(problem) is None
+        records = engine.records(problem)
+        assert records[0 if engine.direction == "forward" else 1].bias_dtype == name
+
+
+@pytest.mark.parametrize("shape, deterministic, dbias_dtype, reduce", [
+    ((2, 4, 16, 16), False, "bfloat16", False),  # no broadcast: dS stored as dbias, in its dtype
+    ((2, 4, 16, 16), True, "bfloat16", False),
+    ((1, 4, 16, 16), False, "float32", True),    # broadcast over B: reductions into fp32
+    ((2, 1, 16, 16), True, "float32", False),    # broadcast, deterministic: fp32 partials
+])
+def test_backward_chooses_the_dbias_target(shape, deterministic, dbias_dtype, reduce):
+    engine = Sm80Backward()
+    problem = _problem(engine, bias=torch.zeros(shape, dtype=torch.bfloat16), deterministic=deterministic)
+    pre, main, last = engine.records(problem)
+    assert (main.bias_dtype, main.dbias_dtype, main.dbias_reduce) == ("bfloat16", dbias_dtype, reduce)
+    if deterministic and not main.reduces_dq:
+        assert last.bias_dtype == "bfloat16"  # the dQ recompute reads the bias too
+
+
+@pytest.mark.parametrize("shape, deterministic, part, part_shape", [
+    ((2, 4, 16, 16), False, None, None),
+    ((1, 4, 16, 16), False, "dbias_accum", (1, 4, 16, 16)),
+    ((1, 1, 16, 16), True, "dbias_partial", (2, 4, 16, 16)),
+])
+def test_backward_workspace_holds_the_dbias_target(shape, deterministic, part, part_shape):
+    engine = Sm80Backward()
+    problem = _problem(engine, bias=torch.zeros(shape, dtype=torch.bfloat16), deterministic=deterministic)
+    records, splits = engine._chain(problem)
+    workspace = sm80._Workspace(problem, splits, records[0], records[1])
+    parts = dict(workspace.parts)
+    assert not {"dbias_accum", "dbias_partial"} - {part} & set(parts)
+    if part is not None:
+        assert parts[part] == part_shape

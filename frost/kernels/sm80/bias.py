@@ -1,0 +1,132 @@
+"""The additive bias of the scores and its gradient, for ``sm80/fwd``, ``sm80/bwd`` and ``sm80/bwd_dq``.
+
+SEMANTICS.md: ``s_ij = scale * <q_i, k_j> + bias[b, h, i, j]``, bias ``[B|1, Hq|1, Sq, Sk]``
+(float32 or the io dtype, any strides but a unit last one; packed input indexes it by
+in-sequence positions), and ``dbias = dS`` summed over the broadcast dimensions.
+
+Reading. A (batch, head) view clamps each index to the bias's extent (``min(b, B_bias - 1)``),
+so a size-1 dimension broadcasts without a zero-stride tensor and one artifact serves every
+broadcast shape. Each thread reads the elements of its score accumulator straight from global
+memory (scalar loads: a row's stride has no alignment to build vectors on), at the coordinates
+of the identity tensor partitioned like the accumulator, as the mask does, and only inside the
+valid region (i < Sq_b, j < Sk_b): padded positions are never read, so NaN there changes nothing.
+
+Units. The softmax works in log2 units with the scale folded into its exp2 argument
+(softmax.py, recompute.py). With a bias the scores are brought into those units here,
+``s2 = S * scale*log2(e) + bias * log2(e)``, one multiply-add per element, and the softmax and
+the recompute then run with a scale of 1. Rejected: adding ``bias / scale`` to the unscaled
+scores (no cheaper, and it overflows for a tiny scale). Positions outside the valid region get
+``S * scale*log2(e)``: they are masked to -inf afterwards, or are rows nobody stores. A -inf
+bias is a masked key: ``exp2(-inf - max) = 0``, and a row that is -inf everywhere keeps a row
+max of -inf, which the softmax already treats as an empty row (o = 0, lse = -inf or the sink;
+the backward's lse2 is then +inf and P = 0), so holes never make NaN.
+
+dbias (the main backward kernel; ``bwd_dq`` reads the bias but writes no dbias). The recompute
+leaves dS of a (batch, head, query block, key block) tile in fp32 registers, and exactly one
+CTA visits each such tile (a CTA walks the query heads of its GQA share one after another), so:
+
+- no broadcast: dS is dbias, stored once per element in the bias's dtype straight into the
+  output (bitwise reproducible in either mode);
+- broadcast, default mode: ``red.global.add.f32`` into a float32 accumulator shaped like the
+  bias (the dbias output itself for a float32 bias, else the plan's workspace, converted to
+  the bias dtype afterwards); one scalar reduction per valid score element;
+- broadcast, deterministic mode: float32 partials ``[B, Hq, Sq, Sk]`` in the workspace, each
+  element stored once, then summed over the broadcast dimensions by torch in a fixed order
+  (bitwise reproducible, no float atomics). Workspace: ``4 * B * Hq * Sq * Sk`` bytes (for a
+  [1, Hq, Sq, Sk] bias, B times a float32 copy of it). Rejected for now: an ordered
+  accumulation with per-tile turn counters as the ordered dQ uses (memory of the bias alone),
+  because every (batch, head) would have to pass its turn on the tiles it never visits
+  (padding, windows, causal blocks), which the key-block grid does not enumerate.
+
+Only the valid region is written. The plan zero-fills a target the stores do not cover in
+full (masks, padding, packed sequences, reductions), so dbias is 0 at padded positions and
+wherever no key is visible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+from frost.kernels.sm80 import tiles
+from frost.kernels.sm80.softmax import LOG2_E
+
+DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+
+
+def bias_view(mBias: cute.Tensor, batch, head) -> cute.Tensor:
+    """(Sq, Sk) view of a bias-shaped tensor for (batch, head): a size-1 dimension broadcasts."""
+    return mBias[cutlass.min(batch, mBias.shape[0] - 1), cutlass.min(head, mBias.shape[1] - 1), None, None]
+
+
+@dataclass(frozen=True)
+class ScoreBias:
+    """One (batch, head)'s bias and the valid region of its sequence, for a kernel's score tiles."""
+
+    tile_m: cutlass.Constexpr[int]
+    tile_n: cutlass.Constexpr[int]
+    gBias: cute.Tensor      # (Sq, Sk) of this (batch, head)
+    seqlen_q: Int32         # valid rows and keys of the sequence (SeqlenInfo)
+    seqlen_k: Int32
+    scale_log2: Float32     # scale * log2(e): the unscaled scores' factor into log2 units
+
+    @staticmethod
+    def create(mBias: cute.Tensor, batch, head, seqlen, scale_log2: Float32, tile_m: int,
+               tile_n: int) -> "ScoreBias":
+        return ScoreBias(tile_m, tile_n, bias_view(mBias, batch, head), seqlen.seqlen_q, seqlen.seqlen_k,
+                         scale_log2)
+
+    @cute.jit
+    def to_log2_scores(self, acc_S: cute.Tensor, tScS: cute.Tensor, t0ScS: cute.Tensor, m_block: Int32,
+                       n_block: Int32, check_cols: cutlass.Constexpr[bool] = True):
+        """``acc_S = acc_S * scale_log2 + bias * log2(e)`` over the tile's valid region, ``acc_S *
+        scale_log2`` elsewhere (``tScS`` / ``t0ScS``: this thread's and thread 0's coordinates,
+        as ``AttentionMask.apply`` takes them; columns compare against compile-time constants).
+        ``check_cols=False``: the caller knows every key of the tile is inside the sequence."""
+        acc_S_mn = tiles.acc_mn_view(acc_S)
+        tScS_mn = tiles.acc_mn_view(tScS)
+        t0ScS_mn = tiles.acc_mn_view(t0ScS)
+        col_base = n_block * self.tile_n + tScS_mn[0, 0][1]
+        cols_left = self.seqlen_k - col_base
+        for r in cutlass.range_constexpr(cute.size(acc_S_mn.shape[0])):
+            row = m_block * self.tile_m + tScS_mn[r, 0][0]
+            # one branch per row: it also bounds how many loads the scheduler hoists at once (a
+            # whole tile's, about 128 per thread, made ptxas spill nearly everything)
+            if row < self.seqlen_q:
+                for c in cutlass.range_constexpr(cute.size(acc_S_mn.shape[1])):
+                    col = t0ScS_mn[0, c][1]
+                    value = Float32(0.0)
+                    if const_expr(check_cols):
+                        if col < cols_left:
+                            value = self.gBias[row, col_base + col].to(Float32)
+                    else:
+                        value = self.gBias[row, col_base + col].to(Float32)
+                    acc_S_mn[r, c] = acc_S_mn[r, c] * self.scale_log2 + value * LOG2_E
+            else:
+                acc_S_mn[r, None].store(acc_S_mn[r, None].load() * self.scale_log2)
+
+    @cute.jit
+    def write_grad(self, gdBias: cute.Tensor, acc_dS: cute.Tensor, tScS: cute.Tensor, t0ScS: cute.Tensor,
+                   m_block: Int32, n_block: Int32, reduce: cutlass.Constexpr[bool]):
+        """dS of the tile's valid region into ``gdBias`` ((Sq, Sk) of this (batch, head), from
+        ``bias_view``): stored in its dtype, or with ``reduce`` added by red.global.add.f32."""
+        rdS = cute.make_fragment_like(acc_dS, gdBias.element_type)
+        rdS.store(acc_dS.load().to(gdBias.element_type))
+        rdS_mn = tiles.acc_mn_view(rdS)
+        tScS_mn = tiles.acc_mn_view(tScS)
+        t0ScS_mn = tiles.acc_mn_view(t0ScS)
+        col_base = n_block * self.tile_n + tScS_mn[0, 0][1]
+        cols_left = self.seqlen_k - col_base
+        for r in cutlass.range_constexpr(cute.size(rdS_mn.shape[0])):
+            row = m_block * self.tile_m + tScS_mn[r, 0][0]
+            row_valid = row < self.seqlen_q
+            for c in cutlass.range_constexpr(cute.size(rdS_mn.shape[1])):
+                col = t0ScS_mn[0, c][1]
+                if row_valid and col < cols_left:
+                    if const_expr(reduce):
+                        target = gdBias.iterator + cute.crd2idx((row, col_base + col), gdBias.layout)
+                        cute.arch.atomic_add(target, rdS_mn[r, c])
+                    else:
+                        gdBias[row, col_base + col] = rdS_mn[r, c]
