@@ -3,7 +3,8 @@
 ``sdpa_fwd_sm80`` serves the forward (FlashAttention-2 style, see
 ``frost/kernels/sm80/fwd.py``); ``sdpa_bwd_sm80`` the backward chain
 (``bwd_pre`` -> ``bwd`` -> dQ conversion; ``bwd_dq`` in place of the conversion when the
-deterministic mode recomputes dQ).
+deterministic mode recomputes dQ). With ``rope=`` both run on q and k rotated by the
+RoPE pass, and the backward rotates dq and dk back (``sm80_rope.py``).
 Their Capabilities rows say what they accept; ``check_support`` adds the facts
 a row cannot express (a CUDA device of compute capability 8.x or 9.x, a
 positive scale, 16-byte aligned rows, the DSL installed).
@@ -23,6 +24,7 @@ import math
 import torch
 
 from frost.engines.base import Capabilities, Engine, Plan, allocate_backward, allocate_forward
+from frost.engines.sm80_rope import RopePass, rope_records
 from frost.problem import Grads, Problem, Tensors
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -32,7 +34,7 @@ SM80_CAPABILITIES = Capabilities(
     dtypes=frozenset(_DTYPE_NAMES),
     layouts=frozenset({"bshd", "thd"}),
     features=frozenset(
-        {"thd", "padding", "gqa", "mqa", "causal", "bottom_right", "window", "sinks", "dqk_ne_dv", "strided"}
+        {"thd", "padding", "gqa", "mqa", "causal", "bottom_right", "window", "sinks", "rope", "dqk_ne_dv", "strided"}
     ),
     device_types=frozenset({"cuda"}),
     head_dim_multiple=VECTOR_ELEMENTS,
@@ -76,7 +78,8 @@ class Sm80Forward(Engine):
         return super().check_support(problem) or sm80_decline(problem)
 
     def records(self, problem: Problem) -> tuple:
-        """The params records a plan for ``problem`` compiles (for filling a cache ahead of time)."""
+        """The params records a plan for ``problem`` compiles (for filling a cache ahead of time):
+        the forward's, then the RoPE pass's (sm80_rope.py) when the problem has one."""
         from frost.kernels.sm80.config import fwd_params_for
 
         return (fwd_params_for(
@@ -84,13 +87,13 @@ class Sm80Forward(Engine):
             layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
             window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
             has_sinks=problem.has_sinks,
-        ),)
+        ),) + rope_records(problem)
 
     def compile(self, problem: Problem) -> Plan:
         from frost.kernels.sm80 import compile as sm80_compile
 
-        (params,) = self.records(problem)
-        return _Sm80ForwardPlan(problem, params, sm80_compile.compile_fwd(params))
+        params = self.records(problem)[0]
+        return _Sm80ForwardPlan(problem, params, sm80_compile.compile_fwd(params), RopePass.compile(problem))
 
 
 class Sm80Backward(Engine):
@@ -127,8 +130,9 @@ class Sm80Backward(Engine):
         return super().check_support(problem) or sm80_decline(problem)
 
     def records(self, problem: Problem) -> tuple:
-        """The chain's params records for ``problem``: (preprocess, main, last pass)."""
-        return self._chain(problem)[0]
+        """The chain's params records for ``problem``: (preprocess, main, last pass), then the
+        RoPE pass's (rotation and transpose, sm80_rope.py) when the problem has one."""
+        return self._chain(problem)[0] + rope_records(problem)
 
     def _chain(self, problem: Problem) -> tuple[tuple, int]:
         from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdPreParams
@@ -147,7 +151,8 @@ class Sm80Backward(Engine):
         from frost.kernels.sm80 import compile as sm80_compile
 
         records, splits = self._chain(problem)
-        return _Sm80BackwardPlan(problem, splits, records, tuple(map(sm80_compile.compile_record, records)))
+        return _Sm80BackwardPlan(problem, splits, records, tuple(map(sm80_compile.compile_record, records)),
+                                 RopePass.compile(problem))
 
 
 @functools.lru_cache(maxsize=None)
@@ -194,15 +199,24 @@ def _vector_aligned(x: torch.Tensor) -> bool:
 
 
 class _Sm80ForwardPlan(Plan):
-    def __init__(self, problem: Problem, params, compiled):
+    def __init__(self, problem: Problem, params, compiled, rope: RopePass | None = None):
         super().__init__(problem)
         self.params = params
         self._compiled = compiled
+        self.rope = rope
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.rope.nbytes if self.rope is not None else 0
 
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         from frost.kernels.sm80.compile import copy_rows, launch_fwd
 
         p = self.problem
+        if self.rope is not None:  # the forward runs on q and k rotated into the workspace
+            if workspace is None:
+                workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=tensors.q.device)
+            tensors = self.rope.rotate(tensors, workspace)
         # dense: the kernel writes every row of o and lse; packed rows past cu_seqlens[-1] must read as zeros
         o, lse = out if out is not None else allocate_forward(p, zero=p.layout == "thd")
         # a caller's o with rows the 16-byte stores cannot address goes through a staging copy
@@ -261,16 +275,17 @@ class _Workspace:
 
 
 class _Sm80BackwardPlan(Plan):
-    def __init__(self, problem: Problem, splits: int, params, compiled):
+    def __init__(self, problem: Problem, splits: int, params, compiled, rope: RopePass | None = None):
         super().__init__(problem)
         self.params = params  # (pre, main, convert or deterministic dq)
         self.splits = splits
         self._compiled = compiled
         self._workspace = _Workspace(problem, splits, params[0], params[1])
+        self.rope = rope  # its rotated q and k lead the workspace
 
     @property
     def workspace_bytes(self) -> int:
-        return self._workspace.nbytes
+        return self._workspace.nbytes + (self.rope.nbytes if self.rope is not None else 0)
 
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         from frost.kernels.sm80.compile import copy_rows, launch_bwd
@@ -280,6 +295,9 @@ class _Sm80BackwardPlan(Plan):
         grads = Grads(*out) if out is not None else allocate_backward(p, t, zero=p.layout == "thd")
         if workspace is None:
             workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=t.q.device)
+        if self.rope is not None:  # the chain runs on q and k rotated into the workspace's lead
+            t = self.rope.rotate(t, workspace)
+            workspace = workspace[self.rope.nbytes :]
         scratch = self._workspace.carve(workspace)
         staged = [g if _vector_aligned(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device)
                   for g in grads[:3]]
@@ -288,6 +306,8 @@ class _Sm80BackwardPlan(Plan):
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
             batch=p.batch, max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
         )
+        if self.rope is not None:  # gradients w.r.t. the unrotated q and k
+            self.rope.rotate_back(t, staged[0], staged[1])
         for kernel_out, given, rows in zip(staged, grads[:3], (t.cu_seqlens_q, t.cu_seqlens_k, t.cu_seqlens_k)):
             if kernel_out is not given:
                 copy_rows(given, kernel_out, rows)
