@@ -17,14 +17,18 @@ then this kernel with ``inverse`` on dq and dk in place. dq is rotated back here
 ``bwd_convert``: the deterministic recompute mode makes dq in ``bwd_dq`` without the
 conversion, so only this pass sees dq in every mode.
 
-Grid: x walks token blocks of q (the first ``blocks_q``) then of k, z the sequences; a CTA
-owns ``tokens_per_cta`` consecutive positions of one sequence and every head of them. A
-thread owns one position and one ``vector`` of columns of x1 (and the matching vector of x2,
-``D/2`` further): it reads its cos and sin values once (fp32), then walks the heads, two
-per step so that four vector loads are in flight before the first store (a store may alias
-a later load: the backward rotates in place). Global accesses are 16-byte vectors (8 bytes
-when D is not a multiple of 16); the eight (or so) threads of one row read it whole.
-Math in fp32, rounded once to the io dtype.
+Grid: x walks token blocks of q (the first ``blocks_q``) then of k, y groups of
+``HEADS_PER_CTA`` heads, z the sequences; a CTA owns ``tokens_per_cta`` consecutive positions
+of one sequence and one group of heads of them (k's CTAs past its heads, under GQA, exit at
+once). A thread owns one position and one ``vector`` of columns of x1 (and the matching
+vector of x2, ``D/2`` further): it reads its cos and sin values once per CTA (fp32), then
+walks its heads, two per step so that four vector loads are in flight before the first store
+(a store may alias a later load: the backward rotates in place, so the compiler may not hoist
+loads above stores itself). Splitting the heads over y keeps short problems from running a
+few long CTAs (B1 S128 H32 would otherwise be 16 CTAs walking 32 heads each); the tables are
+read once per CTA instead of once per row, from L2. Global accesses are 16-byte vectors
+(8 bytes when D is not a multiple of 16); the threads of one row read it whole. Math in
+fp32, rounded once to the io dtype. Not measured on a GPU yet: ``bench_sdpa.py --rope``.
 
 Positions: dense rows are their index (every row is rotated; rows past ``seqlens`` are never
 read by the attention kernels, and validation has checked that the tables cover the padded
@@ -49,6 +53,7 @@ TOKENS = P.tokens_per_cta
 NUM_THREADS = P.num_threads
 PACKED = P.layout == "thd"
 HEADS_PER_STEP = 2
+HEADS_PER_CTA = 8
 
 
 class RopeTensors(NamedTuple):
@@ -79,46 +84,50 @@ def sdpa_rope(
     max_seqlen_k: Int32,
     stream,
 ):
-    blocks_q, _, num_batch = launch_extents(mQ, mCuSeqlensQ, max_seqlen_q, TOKENS, PACKED)
+    blocks_q, heads_q, num_batch = launch_extents(mQ, mCuSeqlensQ, max_seqlen_q, TOKENS, PACKED)
     blocks_k, _, _ = launch_extents(mK, mCuSeqlensK, max_seqlen_k, TOKENS, PACKED)
+    head_groups = cute.ceil_div(heads_q, HEADS_PER_CTA)  # q has at least as many heads as k
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), DTYPE, num_bits_per_copy=VECTOR * DTYPE.width)
     rope_kernel(
         RopeTensors(mQ, mK, mQout, mKout, mCos, mSin, mCuSeqlensQ, mCuSeqlensK), blocks_q, atom,
-    ).launch(grid=[blocks_q + blocks_k, 1, num_batch], block=[NUM_THREADS, 1, 1], stream=stream)
+    ).launch(grid=[blocks_q + blocks_k, head_groups, num_batch], block=[NUM_THREADS, 1, 1], stream=stream)
 
 
 @cute.kernel
 def rope_kernel(tensors: RopeTensors, blocks_q: Int32, atom: cute.CopyAtom):
     mQ, mK, mQout, mKout, mCos, mSin, mCuSeqlensQ, mCuSeqlensK = tensors
     tidx, _, _ = cute.arch.thread_idx()
-    block, _, batch = cute.arch.block_idx()
+    block, head_group, batch = cute.arch.block_idx()
     seqlen = SeqlenInfo.create(batch, mQ, mK, SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, None, None))
     token, column = tidx // ROW_THREADS, tidx % ROW_THREADS
     if block < blocks_q:
         position = block * TOKENS + token
         if position < seqlen.seqlen_q:
-            rotate_row(mQ, mQout, mCos, mSin, seqlen, batch, seqlen.offset_q, position, column, atom)
+            rotate_row(mQ, mQout, mCos, mSin, seqlen, batch, seqlen.offset_q, position, column, head_group, atom)
     else:
         position = (block - blocks_q) * TOKENS + token
         if position < seqlen.seqlen_k:
-            rotate_row(mK, mKout, mCos, mSin, seqlen, batch, seqlen.offset_k, position, column, atom)
+            rotate_row(mK, mKout, mCos, mSin, seqlen, batch, seqlen.offset_k, position, column, head_group, atom)
 
 
 @cute.jit
 def rotate_row(mX: cute.Tensor, mY: cute.Tensor, mCos: cute.Tensor, mSin: cute.Tensor, seqlen: SeqlenInfo,
-               batch, offset, position, column, atom: cute.CopyAtom):
-    """This thread's columns of row ``position`` of sequence ``batch``, every head: mX -> mY."""
-    # (VECTOR,) fp32: the table entries of this thread's columns at this position, read once
-    cos = cute.local_tile(mCos[position, None], (VECTOR,), (column,)).load()
-    sin = cute.local_tile(mSin[position, None], (VECTOR,), (column,)).load()
-    if const_expr(P.inverse):
-        sin = -sin
-    num_heads = heads_of(mX, PACKED)
-    for step in cutlass.range(num_heads // HEADS_PER_STEP, unroll=1):
-        rotate_heads(mX, mY, cos, sin, seqlen, batch, offset, position, column, step * HEADS_PER_STEP,
-                     HEADS_PER_STEP, atom)
-    for head in cutlass.range(num_heads - num_heads % HEADS_PER_STEP, num_heads, unroll=1):
-        rotate_heads(mX, mY, cos, sin, seqlen, batch, offset, position, column, head, 1, atom)
+               batch, offset, position, column, head_group, atom: cute.CopyAtom):
+    """This thread's columns of row ``position`` of sequence ``batch``, the heads of ``head_group``
+    (none past mX's heads: k's groups end before q's under GQA): mX -> mY."""
+    first = head_group * HEADS_PER_CTA
+    heads = cutlass.min(heads_of(mX, PACKED) - first, HEADS_PER_CTA)
+    if heads > 0:
+        # (VECTOR,) fp32: the table entries of this thread's columns at this position, read once
+        cos = cute.local_tile(mCos[position, None], (VECTOR,), (column,)).load()
+        sin = cute.local_tile(mSin[position, None], (VECTOR,), (column,)).load()
+        if const_expr(P.inverse):
+            sin = -sin
+        for step in cutlass.range(heads // HEADS_PER_STEP, unroll=1):
+            rotate_heads(mX, mY, cos, sin, seqlen, batch, offset, position, column, first + step * HEADS_PER_STEP,
+                         HEADS_PER_STEP, atom)
+        if heads % HEADS_PER_STEP:
+            rotate_heads(mX, mY, cos, sin, seqlen, batch, offset, position, column, first + heads - 1, 1, atom)
 
 
 @cute.jit
