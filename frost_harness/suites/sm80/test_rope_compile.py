@@ -193,3 +193,21 @@ def test_rope_thd_token_totals_and_sequence_counts_reuse_one_pass():
     after = sm80_compile.ROPE_CACHE.stats()
     assert after.compiles == before.compiles and after.loads == before.loads, (before, after)
     assert after.hits == before.hits + 3
+
+
+@pytest.mark.L0
+def test_launch_skips_an_empty_grid_and_passes_the_pass_its_arguments():
+    """No rows at all (no sequences, or dense extents of 0) would be an empty grid, which CUDA
+    rejects: nothing is launched. Otherwise one launch, q and k together."""
+    calls = []
+    record = lambda *args: calls.append(args)  # noqa: E731  (a stand-in for the compiled pass)
+    cos = sin = torch.zeros(4, 8)
+    empty = torch.zeros(0, 4, 2, 16)
+    sm80_compile.launch_rope(record, empty, empty, empty, empty, cos, sin)
+    packed = torch.zeros(5, 2, 16)
+    sm80_compile.launch_rope(record, packed, packed, packed, packed, cos, sin, cu_seqlens_q=torch.zeros(1),
+                             cu_seqlens_k=torch.zeros(1), max_seqlen_q=3, max_seqlen_k=3)
+    assert calls == []
+    q, k = torch.zeros(1, 0, 2, 16), torch.zeros(1, 4, 2, 16)  # no query rows, but keys to rotate
+    sm80_compile.launch_rope(record, q, k, q, k, cos, sin)
+    assert len(calls) == 1 and calls[0][:6] == (q, k, q, k, cos, sin)
