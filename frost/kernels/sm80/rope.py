@@ -28,7 +28,9 @@ loads above stores itself). Splitting the heads over y keeps short problems from
 few long CTAs (B1 S128 H32 would otherwise be 16 CTAs walking 32 heads each); the tables are
 read once per CTA instead of once per row, from L2. Global accesses are 16-byte vectors
 (8 bytes when D is not a multiple of 16); the threads of one row read it whole. Math in
-fp32, rounded once to the io dtype. Not measured on a GPU yet: ``bench_sdpa.py --rope``.
+fp32, rounded once to the io dtype. Resources (sm_80, the L0 records, ``python3 -m
+frost.kernels.resources --template sm80/rope``): 36-64 registers, no local memory, a stack
+of 0-16 bytes. Not timed on a GPU yet: ``bench_sdpa.py --rope``.
 
 Positions: dense rows are their index (every row is rotated; rows past ``seqlens`` are never
 read by the attention kernels, and validation has checked that the tables cover the padded
