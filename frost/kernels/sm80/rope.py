@@ -11,8 +11,10 @@ would rotate each K tile once per query block that visits it (and each Q tile on
 block in the backward); here every row is rotated once, at the cost of one read and one
 write of q and k, and the attention kernels and their compile keys stay as they are. The
 engine (frost/engines/sm80_rope.py) runs it: forward, q and k -> rotated copies in the
-plan's workspace -> the forward on them; backward, the same rotation again (recomputed:
-cheaper than keeping the forward's copies alive), the backward chain on the rotated copies,
+plan's workspace -> the forward on them; backward, the same rotation again (recomputed: one
+more read and write of q and k, where keeping the forward's copies would hold two more
+q- and k-sized tensors from the forward to the backward and change the autograd contract,
+which saves the unrotated q and k), the backward chain on the rotated copies,
 then this kernel with ``inverse`` on dq and dk in place. dq is rotated back here too, not in
 ``bwd_convert``: the deterministic recompute mode makes dq in ``bwd_dq`` without the
 conversion, so only this pass sees dq in every mode.
