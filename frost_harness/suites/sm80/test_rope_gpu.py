@@ -8,7 +8,8 @@ outputs poisoned and guarded (so is the workspace that holds the rotated q and k
 asserted through the ledger. Head dims rotate over the grid's and two more: 256, and 136
 (D/2 = 68, not a multiple of 8: the pass's 8-byte accesses). The deterministic mode (both
 ways of making dQ), split GQA groups, the packed-equals-per-sequence identity and the
-autograd API with ``rope=`` each get their own test.
+autograd API with ``rope=`` each get their own test; so does the pass alone against the
+rotation (which says whether a failure above is the pass's or the attention's).
 """
 from __future__ import annotations
 
@@ -140,3 +141,55 @@ def test_rope_sm80_thd_rebinds_one_pass_across_token_totals():
     _assert_sm80(dataclasses.replace(first, lengths_q=(64, 256, 30), lengths_k=(64, 256, 30)))
     after = sm80_compile.ROPE_CACHE.stats()
     assert after.compiles == before.compiles and after.hits > before.hits, (before, after)
+
+
+PASS_CASES = [  # (dtype, head_dim, layout): both access widths, one to 31 threads per row
+    (torch.bfloat16, 128, "bshd"), (torch.float16, 64, "thd"), (torch.bfloat16, 72, "thd"),
+    (torch.float16, 8, "bshd"), (torch.bfloat16, 136, "bshd"), (torch.float16, 248, "thd"), (torch.bfloat16, 256, "thd"),
+]
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("inverse", [False, True], ids=["rotate", "transpose"])
+@pytest.mark.parametrize("dtype, head_dim, layout", PASS_CASES, ids=str)
+def test_rope_pass_alone_matches_the_rotation(dtype, head_dim, layout, inverse):
+    """The pass by itself (out of place for the rotation, in place for the transpose, as the
+    engines run them) against the float64 rotation rounded to the io dtype: within one rounding
+    of it (the pass computes in fp32), positions restarting per packed sequence, GQA heads (9 and
+    3: a partial group of 8 and an odd tail), and packed rows past cu_seqlens[-1] untouched."""
+    from frost.kernels.sm80 import compile as sm80_compile
+    from frost.kernels.sm80.rope_params import RopeParams
+    from frost_harness.oracle.rope import rotate
+
+    gen = torch.Generator().manual_seed(head_dim)
+    lengths = (70, 0, 130, 5) if layout == "thd" else (150, 150)
+    rows, tail = (sum(lengths), 4) if layout == "thd" else (lengths[0], 0)
+    lead = (rows + tail,) if layout == "thd" else (len(lengths), rows)
+    q = torch.randn(*lead, 9, head_dim + 8, generator=gen).to("cuda", dtype)[..., :head_dim]  # strided rows
+    k = torch.randn(*lead, 3, head_dim, generator=gen).to("cuda", dtype)
+    angles = torch.rand(max(lengths), head_dim // 2, generator=gen) * 50
+    cos, sin = angles.cos().cuda(), angles.sin().cuda()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    packed = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
+    record = RopeParams(dtype=str(dtype).removeprefix("torch."), head_dim=head_dim, layout=layout, inverse=inverse)
+    compiled = sm80_compile.compile_record(record)
+    if inverse:  # in place, as the backward rotates dq and dk back
+        q_out, k_out = q.clone(), k.clone()
+        if layout == "thd":
+            q_out[rows:], k_out[rows:] = float("nan"), float("nan")
+        q_in, k_in = q_out, k_out
+    else:
+        q_in, k_in = q, k
+        q_out, k_out = (torch.full_like(x, float("nan")) for x in (q, k))
+    sm80_compile.launch_rope(compiled, q_in, k_in, q_out, k_out, cos, sin, **(packed if layout == "thd" else {}))
+    torch.cuda.synchronize()
+    eps = torch.finfo(dtype).eps
+    for name, x, got in (("q", q, q_out), ("k", k, k_out)):
+        sequences = [x[start:start + n] for start, n in zip(cu.tolist(), lengths)] if layout == "thd" else list(x)
+        outputs = [got[start:start + n] for start, n in zip(cu.tolist(), lengths)] if layout == "thd" else list(got)
+        for b, (seq, out) in enumerate(zip(sequences, outputs)):
+            want = rotate(seq.double(), cos.double(), sin.double(), transpose=inverse)
+            close = torch.isclose(out.double(), want, rtol=eps, atol=1e-5)
+            assert bool(close.all()), f"{name} sequence {b}: {int((~close).sum())} elements off"
+        if layout == "thd":
+            assert bool(torch.isnan(got[rows:]).all()), f"{name}: rows past cu_seqlens[-1] were written"
