@@ -1,6 +1,6 @@
 """Side-by-side attention timings on one GPU: frost's SM80 engines against torch's backends.
 
-    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants] [--hdims] [--bias] [--out DIR]
+    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants] [--hdims] [--bias] [--rope] [--out DIR]
 
 The shapes: bf16, batch x seqlen = 16k tokens, hidden 2048 (H = 2048 / D),
 head dims 64 and 128, seqlens 1k / 4k / 8k, causal and not (12 MHA shapes);
@@ -34,6 +34,12 @@ floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``
 columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
 default), launched on the same tensors.
 
+``--rope`` times fused RoPE instead: forward + backward (``frost.attention`` and autograd)
+with ``rope=(cos, sin)`` (the SM80 engines' rotation pass) against q and k rotated by torch
+ops (SEMANTICS.md's formula in fp32, rounded to bf16, differentiable) and then
+``frost.attention`` without RoPE; bf16, ``ROPE_SHAPES``; the ratio is the torch-rotated
+time over the fused one (target >= 1.1).
+
 TFLOP/s = 2*B*H*S^2*(Dqk + Dv) (4*B*H*S^2*D when they are equal; halved for causal) / time
 for the forward; the backward counts 2.5x the forward's FLOPs. frost is timed through its public API
 (``frost.sdpa_forward`` with preallocated outputs: validation, routing and the
@@ -62,6 +68,8 @@ TORCH_BACKENDS = ("flash", "cudnn", "efficient")
 
 
 GQA_SHAPES = ((2, 4096, 32, 8, 128), (2, 4096, 8, 1, 128), (4, 2048, 8, 2, 64))  # B, S, Hq, Hkv, D
+ROPE_SHAPES = ((2, 4096, 16, 16, 128, False), (2, 4096, 16, 16, 128, True), (2, 4096, 32, 8, 128, True),
+               (4, 2048, 16, 2, 64, True))  # B, S, Hq, Hkv, D, causal
 HDIM_SHAPES = (((256, 256), 8), ((192, 128), 16), ((192, 192), 16))  # (Dqk, Dv), heads
 
 
@@ -210,19 +218,25 @@ def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
     return {name: Sm80Backward(**choice) for name, choice in forced.items()}
 
 
-def precompile(chosen, direction: str, variants: bool, jobs: int) -> None:
+def precompile(chosen, direction: str, variants: bool, jobs: int, rope: bool = False) -> None:
     """Build every kernel the run will time in ``jobs`` parallel workers into the disk cache
-    first, so that the timed loop's compiles are loads (serially they take minutes)."""
+    first, so that the timed loop's compiles are loads (serially they take minutes). With
+    ``rope`` the calls with RoPE too (``--rope``)."""
     from frost.kernels.prebuild import build_records
 
     records = []
     for b, s, hq, hkv, d, causal in chosen:
         q, k, v, do = _inputs(b, s, hq, hkv, d, grad_out=True)
-        _, engine, problem, _ = _plan("forward", q, k, v, causal=causal)
-        records += engine.records(problem)  # a backward row runs a forward first too
+        extra = [dict(rope=_rope_tables(s, _dims(d)[0]))] if rope else []
+        for more in [{}, *extra]:
+            _, engine, problem, _ = _plan("forward", q, k, v, causal=causal, **more)
+            records += engine.records(problem)  # a backward row runs a forward first too
         if direction in ("bwd", "both"):
             o, lse = torch.empty_like(do), torch.empty(b, hq, s, device="cuda")  # o: (B, S, Hq, Dv)
             kw = dict(o=o, lse=lse, do=do, causal=causal)
+            for more in extra:
+                _, rope_engine, rope_problem, _ = _plan("backward", q, k, v, **kw, **more)
+                records += rope_engine.records(rope_problem)
             _, engine, problem, _ = _plan("backward", q, k, v, **kw)
             records += engine.records(problem)
             det_problem = _plan("backward", q, k, v, deterministic=True, **kw)[2]
@@ -361,6 +375,61 @@ def print_bias_table(rows: list[dict]) -> None:
         print("| " + " | ".join(cells) + " | " + "; ".join(r["notes"]) + " |")
 
 
+def _rope_tables(s: int, d: int):
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d // 2, device="cuda", dtype=torch.float32) * 2 / d))
+    angles = torch.arange(s, device="cuda", dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def _torch_rotate(x, cos, sin):
+    """SEMANTICS.md's rot(x, p) over x (B, S, H, D) with torch ops, fp32, rounded to x's dtype."""
+    c, s_ = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * c - x2 * s_, x2 * c + x1 * s_], dim=-1).to(x.dtype)
+
+
+def rope_row(b, s, hq, hkv, d, causal, reps_ms: int) -> dict:
+    """Forward + backward with fused RoPE against torch-rotated q and k, in ms."""
+    q, k, v, do = _inputs(b, s, hq, hkv, d, grad_out=True)
+    q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+    rope = _rope_tables(s, d)
+
+    def fused():
+        o = frost.attention(q, k, v, causal=causal, rope=rope)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    def rotated_by_torch():
+        o = frost.attention(_torch_rotate(q, *rope), _torch_rotate(k, *rope), v, causal=causal)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    def plain():  # the attention alone: what the rotation costs on top of it
+        o = frost.attention(q, k, v, causal=causal)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    mark = dispatch.ledger.mark()
+    fused()
+    engines = sorted({d.engine for d in dispatch.ledger.since(mark)})
+    row = {"direction": "fwd+bwd rope", "d": d, "S": s, "B": b, "Hq": hq, "Hkv": hkv, "causal": causal,
+           "engines": ",".join(engines), "notes": []}
+    row["fused ms"] = _bench(fused, reps_ms)
+    row["torch-rotated ms"] = _bench(rotated_by_torch, reps_ms)
+    row["no rope ms"] = _bench(plain, reps_ms)
+    row["torch-rotated/fused"] = row["torch-rotated ms"] / row["fused ms"]
+    return row
+
+
+def print_rope_table(rows: list[dict]) -> None:
+    cols = ["B", "S", "Hq", "Hkv", "d", "causal", "engines", "no rope ms", "fused ms", "torch-rotated ms",
+            "torch-rotated/fused"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    worst = min(rows, key=lambda r: r["torch-rotated/fused"])
+    print(f"min torch-rotated/fused: {worst['torch-rotated/fused']:.3f} at B{worst['B']} S{worst['S']} "
+          f"Hq{worst['Hq']}/{worst['Hkv']} d{worst['d']} causal={worst['causal']} (target >= 1.1)")
+
+
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
     named = ["split", "frost_det", "det cost", "det_rec", "det_rec cost", "w4", "hf_off", "hf_on", "nosplit",
@@ -400,11 +469,15 @@ def main(argv=None) -> int:
     parser.add_argument("--hdims", action="store_true", help="the wide head-dim shapes (d256, d192x128, d192)")
     parser.add_argument("--bias", action="store_true",
                         help="a float32 [1, H, S, S] bias, forward and backward, against torch's efficient backend")
+    parser.add_argument("--rope", action="store_true",
+                        help="fused RoPE (forward + backward) against torch-rotated q and k (ROPE_SHAPES)")
     parser.add_argument("--only", default="", help="comma list of shape indices to run (0-based, MHA then GQA)")
     parser.add_argument("--out", default=os.environ.get("OUT", "frost-out/bench"))
     parser.add_argument("--precompile", type=int, default=0, metavar="J",
                         help="first build every kernel the run needs in J parallel workers (disk cache)")
     args = parser.parse_args(argv)
+    if args.rope:
+        return rope_main(args)
     if args.bias:
         rows = [r for i, shape in enumerate(BIAS_SHAPES) if not args.only or str(i) in args.only.split(",")
                 for r in bias_rows(*shape, args.reps_ms)]
@@ -426,6 +499,18 @@ def main(argv=None) -> int:
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (TFLOP/s; ratio = frost API / torch flash)")
     for rows in tables:
         print_table(rows)
+    return 0
+
+
+def rope_main(args) -> int:
+    chosen = [x for i, x in enumerate(ROPE_SHAPES) if not args.only or str(i) in args.only.split(",")]
+    if args.precompile:
+        precompile(chosen, "both", False, args.precompile, rope=True)
+    rows = [_progress(rope_row(*shape, args.reps_ms)) for shape in chosen]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "bench_sdpa_rope.json").write_text(json.dumps(rows, indent=1))
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (ms, median; bf16)")
+    print_rope_table(rows)
     return 0
 
 

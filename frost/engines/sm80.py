@@ -3,7 +3,8 @@
 ``sdpa_fwd_sm80`` serves the forward (FlashAttention-2 style, see
 ``frost/kernels/sm80/fwd.py``); ``sdpa_bwd_sm80`` the backward chain
 (``bwd_pre`` -> ``bwd`` -> dQ conversion; ``bwd_dq`` in place of the conversion when the
-deterministic mode recomputes dQ).
+deterministic mode recomputes dQ). With ``rope=`` both run on q and k rotated by the
+RoPE pass, and the backward rotates dq and dk back (``sm80_rope.py``).
 Their Capabilities rows say what they accept (an additive bias included: float32 or the io
 dtype, every broadcast of [B|1, Hq|1, Sq, Sk], dense, padded and packed; dbias in the bias's
 dtype, deterministic mode included; frost/kernels/sm80/bias.py); ``check_support`` adds the facts
@@ -27,6 +28,7 @@ import weakref
 import torch
 
 from frost.engines.base import Capabilities, Engine, Plan, allocate_backward, allocate_forward
+from frost.engines.sm80_rope import RopePass, rope_records
 from frost.problem import Grads, Problem, Tensors
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -39,7 +41,8 @@ SM80_CAPABILITIES = Capabilities(
     # bias: float32 or the io dtype, every broadcast of [B|1, Hq|1, Sq, Sk], dense, padded and
     # packed layouts; dbias in the bias's dtype, deterministic mode included (kernels/sm80/bias.py)
     features=frozenset(
-        {"thd", "padding", "gqa", "mqa", "causal", "bottom_right", "window", "bias", "sinks", "dqk_ne_dv", "strided"}
+        {"thd", "padding", "gqa", "mqa", "causal", "bottom_right", "window", "bias", "sinks", "rope", "dqk_ne_dv",
+         "strided"}
     ),
     device_types=frozenset({"cuda"}),
     head_dim_multiple=VECTOR_ELEMENTS,
@@ -83,7 +86,8 @@ class Sm80Forward(Engine):
         return super().check_support(problem) or sm80_decline(problem)
 
     def records(self, problem: Problem) -> tuple:
-        """The params records a plan for ``problem`` compiles (for filling a cache ahead of time)."""
+        """The params records a plan for ``problem`` compiles (for filling a cache ahead of time):
+        the forward's, then the RoPE pass's (sm80_rope.py) when the problem has one."""
         from frost.kernels.sm80.config import fwd_params_for
 
         return (fwd_params_for(
@@ -91,13 +95,13 @@ class Sm80Forward(Engine):
             layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
             window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
             has_sinks=problem.has_sinks, bias_dtype=bias_dtype_name(problem),
-        ),)
+        ),) + rope_records(problem)
 
     def compile(self, problem: Problem) -> Plan:
         from frost.kernels.sm80 import compile as sm80_compile
 
-        (params,) = self.records(problem)
-        return _Sm80ForwardPlan(problem, params, sm80_compile.compile_fwd(params))
+        params = self.records(problem)[0]
+        return _Sm80ForwardPlan(problem, params, sm80_compile.compile_fwd(params), RopePass.compile(problem))
 
 
 class Sm80Backward(Engine):
@@ -134,9 +138,10 @@ class Sm80Backward(Engine):
         return super().check_support(problem) or sm80_decline(problem)
 
     def records(self, problem: Problem) -> tuple:
-        """The chain's params records for ``problem``: (preprocess, main, last pass), and the
-        combine of the dK / dV partials when the plan splits a GQA group."""
-        return self._chain(problem)[0]
+        """The chain's params records for ``problem``: (preprocess, main, last pass), the combine
+        of the dK / dV partials when the plan splits a GQA group, then the RoPE pass's (rotation
+        and transpose, sm80_rope.py) when the problem has one."""
+        return self._chain(problem)[0] + rope_records(problem)
 
     def _chain(self, problem: Problem) -> tuple[tuple, int]:
         from frost.kernels.sm80.config import BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams
@@ -156,7 +161,8 @@ class Sm80Backward(Engine):
         from frost.kernels.sm80 import compile as sm80_compile
 
         records, splits = self._chain(problem)
-        return _Sm80BackwardPlan(problem, splits, records, tuple(map(sm80_compile.compile_record, records)))
+        return _Sm80BackwardPlan(problem, splits, records, tuple(map(sm80_compile.compile_record, records)),
+                                 RopePass.compile(problem))
 
 
 @functools.lru_cache(maxsize=None)
@@ -224,15 +230,24 @@ def _vector_aligned(x: torch.Tensor) -> bool:
 
 
 class _Sm80ForwardPlan(Plan):
-    def __init__(self, problem: Problem, params, compiled):
+    def __init__(self, problem: Problem, params, compiled, rope: RopePass | None = None):
         super().__init__(problem)
         self.params = params
         self._compiled = compiled
+        self.rope = rope
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.rope.nbytes if self.rope is not None else 0
 
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         from frost.kernels.sm80.compile import copy_rows, launch_fwd
 
         p = self.problem
+        if self.rope is not None:  # the forward runs on q and k rotated into the workspace
+            if workspace is None:
+                workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=tensors.q.device)
+            tensors = self.rope.rotate(tensors, workspace)
         # dense: the kernel writes every row of o and lse; packed rows past cu_seqlens[-1] must read as zeros
         o, lse = out if out is not None else allocate_forward(p, zero=p.layout == "thd")
         # a caller's o with rows the 16-byte stores cannot address goes through a staging copy
@@ -316,34 +331,39 @@ class _KeptScratch:
     stream's work). Under a graph capture the buffer is always fresh: a graph owns its
     memory. Workspaces above ``PER_PLAN`` bytes, or past ``TOTAL`` bytes kept over all
     plans, are never kept: they would hold memory between calls, and a call whose kernels
-    run long enough to need them hides its host time anyway.
+    run long enough to need them hides its host time anyway. The kept buffer's carved views
+    are kept with it: carving is a few operators per call.
     """
 
     PER_PLAN = 1 << 20
     TOTAL = 64 << 20
     _kept_bytes = 0
 
-    def __init__(self, workspace: _Workspace):
-        self.workspace = workspace
-        self.stream = None  # the raw stream handle the kept views were last used on
-        self.views = None
+    def __init__(self, nbytes: int, carve):
+        self.nbytes, self._carve = nbytes, carve
+        self.stream = None  # the raw stream handle the kept buffer was last used on
+        self.kept = None  # (buffer, its carved views)
 
-    def get(self, like: torch.Tensor) -> dict[str, torch.Tensor]:
-        nbytes = self.workspace.nbytes
-        if like.device.type != "cuda" or nbytes > self.PER_PLAN:
-            return self.workspace.carve(torch.empty(nbytes, dtype=torch.uint8, device=like.device))
+    def get(self, like: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(a workspace buffer, the chain's views of it) for a call on ``like``'s device."""
+        if like.device.type != "cuda" or self.nbytes > self.PER_PLAN:
+            return self._fresh(like)
         stream = torch._C._cuda_getCurrentRawStream(like.device.index)
-        if self.views is not None and stream == self.stream:
-            return self.views
-        views = self.workspace.carve(torch.empty(nbytes, dtype=torch.uint8, device=like.device))
+        if self.kept is not None and stream == self.stream:
+            return self.kept
+        fresh = self._fresh(like)
         if torch.cuda.is_current_stream_capturing():
-            return views
-        if self.views is None:
-            if not self._reserve(nbytes):
-                return views
-            weakref.finalize(self, _KeptScratch._release, nbytes)
-        self.stream, self.views = stream, views
-        return views
+            return fresh
+        if self.kept is None:
+            if not self._reserve(self.nbytes):
+                return fresh
+            weakref.finalize(self, _KeptScratch._release, self.nbytes)
+        self.stream, self.kept = stream, fresh
+        return fresh
+
+    def _fresh(self, like: torch.Tensor):
+        buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=like.device)
+        return buffer, self._carve(buffer)
 
     @classmethod
     def _reserve(cls, nbytes: int) -> bool:
@@ -363,17 +383,22 @@ _kept_lock = threading.Lock()
 
 
 class _Sm80BackwardPlan(Plan):
-    def __init__(self, problem: Problem, splits: int, params, compiled):
+    def __init__(self, problem: Problem, splits: int, params, compiled, rope: RopePass | None = None):
         super().__init__(problem)
         self.params = params  # (pre, main, convert or deterministic dq)
         self.splits = splits
         self._compiled = compiled
         self._workspace = _Workspace(problem, splits, params[0], params[1])
-        self._kept = _KeptScratch(self._workspace)
+        self.rope = rope  # its rotated q and k lead the workspace
+        self._kept = _KeptScratch(self.workspace_bytes, self._carve)
 
     @property
     def workspace_bytes(self) -> int:
-        return self._workspace.nbytes
+        return self._workspace.nbytes + (self.rope.nbytes if self.rope is not None else 0)
+
+    def _carve(self, workspace: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The chain's scratch: the workspace after the RoPE pass's lead."""
+        return self._workspace.carve(workspace[self.rope.nbytes :] if self.rope is not None else workspace)
 
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         from frost.kernels.sm80.compile import copy_rows, launch_bwd
@@ -381,7 +406,12 @@ class _Sm80BackwardPlan(Plan):
         p, t = self.problem, tensors
         # dense: the chain writes every element (padded rows as zeros); packed tails must read as zeros
         grads = Grads(*out) if out is not None else allocate_backward(p, t, zero=p.layout == "thd")
-        scratch = self._kept.get(t.q) if workspace is None else self._workspace.carve(workspace)
+        if workspace is None:
+            workspace, scratch = self._kept.get(t.q)
+        else:
+            scratch = self._carve(workspace)
+        if self.rope is not None:  # the chain runs on q and k rotated into the workspace's lead
+            t = self.rope.rotate(t, workspace)
         if grads.dbias is not None:
             target = scratch.get("dbias_partial", scratch.get("dbias_accum", grads.dbias))
             if self.params[1].dbias_reduce or not _dbias_covered(p):
@@ -395,6 +425,8 @@ class _Sm80BackwardPlan(Plan):
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
             batch=p.batch, max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
         )
+        if self.rope is not None:  # gradients w.r.t. the unrotated q and k
+            self.rope.rotate_back(t, staged[0], staged[1])
         for kernel_out, given, rows in zip(staged, grads[:3], (t.cu_seqlens_q, t.cu_seqlens_k, t.cu_seqlens_k)):
             if kernel_out is not given:
                 copy_rows(given, kernel_out, rows)

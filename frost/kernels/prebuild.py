@@ -44,7 +44,7 @@ def build(task: tuple[object, str]) -> tuple[str, str]:
     try:
         from frost.kernels.sm80 import compile as sm80_compile
 
-        caches = (sm80_compile.FWD_CACHE, sm80_compile.BWD_CACHE)
+        caches = (sm80_compile.FWD_CACHE, sm80_compile.BWD_CACHE, sm80_compile.ROPE_CACHE)
         compiles = sum(c.compiles for c in caches)
         sm80_compile.compile_record(record, arch)
         return ("compiled" if sum(c.compiles for c in caches) > compiles else "present"), ""

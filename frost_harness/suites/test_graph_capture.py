@@ -134,20 +134,20 @@ def test_a_small_backward_workspace_is_reused_on_its_stream_only():
     plan = Sm80Backward().compile(problem)
     tensors = Tensors(q=q, k=k, v=v, o=o, lse=lse, do=do)
     first = plan.execute(tensors)
-    kept = plan._kept.views["d"].data_ptr()
+    kept = plan._kept.kept[0].data_ptr()
     again = plan.execute(tensors)
-    assert plan._kept.views["d"].data_ptr() == kept
+    assert plan._kept.kept[0].data_ptr() == kept
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         other = plan.execute(tensors)
-        assert plan._kept.stream == side.cuda_stream and plan._kept.views["d"].data_ptr() != kept
+        assert plan._kept.stream == side.cuda_stream and plan._kept.kept[0].data_ptr() != kept
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    before = plan._kept.views
+    before = plan._kept.kept
     with torch.cuda.graph(graph):
         captured = plan.execute(tensors)
-    assert plan._kept.views is before
+    assert plan._kept.kept is before
     graph.replay()
     torch.cuda.synchronize()
     for result in (again, other, captured):

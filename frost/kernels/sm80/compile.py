@@ -26,12 +26,15 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, mak
 from frost.kernels.sm80.config import (
     BwdCombineParams, BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams, FwdParams,
 )
+from frost.kernels.sm80.rope_params import RopeParams
 from frost.kernels.template import compile_cache, load_template
 
 FWD_TEMPLATE = "sm80/fwd"
 FWD_CACHE = compile_cache("sm80_fwd")
 BWD_TEMPLATES = ("sm80/bwd_pre", "sm80/bwd", "sm80/bwd_dq", "sm80/bwd_convert", "sm80/bwd_combine")
 BWD_CACHE = compile_cache("sm80_bwd")  # every kernel of the backward chain
+ROPE_TEMPLATE = "sm80/rope"
+ROPE_CACHE = compile_cache("sm80_rope")  # the RoPE pass of both directions
 _DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 _VECTOR = 8  # elements per 16-byte vector
 
@@ -239,6 +242,22 @@ def _build_bwd_combine(params: BwdCombineParams, options: str):
     )
 
 
+def _build_rope(params: RopeParams, options: str):
+    module = load_template(ROPE_TEMPLATE, params)
+    dtype = _DTYPES[params.dtype]
+    packed = params.layout == "thd"
+    q, k, q_out, k_out = (fake_rows_tensor(dtype, packed, params.head_dim) for _ in range(4))
+    # the tables are read a few scalars per thread and row: any strides, no alignment asked of them
+    cos, sin = (make_fake_tensor(Float32, (cute.sym_int(), params.half), (cute.sym_int64(), cute.sym_int64()),
+                                 assumed_align=4) for _ in range(2))
+    cu_q = fake_vector(Int32) if packed else None
+    cu_k = fake_vector(Int32) if packed else None
+    return cute.compile(
+        module.sdpa_rope, q, k, q_out, k_out, cos, sin, cu_q, cu_k, Int32(0), Int32(0),
+        make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
+    )
+
+
 def compile_record(params, arch: str | None = None):
     """The compiled kernel for any SM80 params record, built for ``arch`` (None: this process's
     target, ``target_arch``); from memory, the disk cache, or a fresh compile."""
@@ -305,6 +324,7 @@ _KINDS = {  # params type -> (template, cache it is counted in, builder)
     BwdDqParams: (BWD_TEMPLATES[2], BWD_CACHE, _build_bwd_dq),
     BwdConvertParams: (BWD_TEMPLATES[3], BWD_CACHE, _build_bwd_convert),
     BwdCombineParams: (BWD_TEMPLATES[4], BWD_CACHE, _build_bwd_combine),
+    RopeParams: (ROPE_TEMPLATE, ROPE_CACHE, _build_rope),
 }
 
 
@@ -372,6 +392,18 @@ def finish_dbias(dbias, target) -> None:
     deterministic), an accumulator shaped like the bias is only converted to its dtype."""
     dims = [d for d in (0, 1) if dbias.shape[d] == 1 and target.shape[d] > 1]
     dbias.copy_(target.sum(dims, keepdim=True) if dims else target)
+
+
+def launch_rope(compiled, q, k, q_out, k_out, cos, sin, *, cu_seqlens_q=None, cu_seqlens_k=None,
+                max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> None:
+    """Launch a compiled RoPE pass (current stream): q, k -> q_out, k_out (the same tensors
+    to rotate in place). ``max_seqlen_*`` size the packed grid (dense reads the extents). A
+    call with no rows at all would have an empty grid and is not launched."""
+    rows = (q.shape[0] * q.shape[1] + k.shape[0] * k.shape[1]) if cu_seqlens_q is None else (
+        (max_seqlen_q + max_seqlen_k) * (cu_seqlens_q.shape[0] - 1))
+    if rows == 0:
+        return
+    compiled(q, k, q_out, k_out, cos, sin, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 
 def copy_rows(dst, src, cu_seqlens=None) -> None:

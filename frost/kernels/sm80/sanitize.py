@@ -7,7 +7,8 @@
 One small problem (one or two tiles each way, so block edges and partial tiles occur) per
 feature of the engines' rows: dense, strided views, causal top-left and bottom-right both ways,
 windows, padding, packed sequences with empty ones, GQA and MQA (split over CTAs), sinks,
-partial head dims, fp16 and bf16, the d64 and d128 flavors and the wide ones (d192x128, d256). Each runs the forward, the backward in the
+partial head dims, fp16 and bf16, the d64 and d128 flavors and the wide ones (d192x128, d256),
+RoPE (its pass: dense with 8-byte accesses, packed, padded). Each runs the forward, the backward in the
 default mode, and the deterministic mode both ways (ordered dQ, the default, and the dQ
 recompute pass).
 The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
@@ -48,6 +49,9 @@ FEATURES = {
     "sinks": ((1, 150, 100, 2, 2, 64, 64), dict(sinks=True, window=(0, 0), causal_align="bottom_right"), "dense"),
     "wide_d192x128": ((1, 130, 130, 4, 2, 192, 128), dict(causal=True), "dense"),
     "wide_d256_packed": ((3, 160, 150, 4, 2, 232, 232), dict(window=(40, 7)), "packed"),
+    "rope_d72": ((2, 130, 120, 4, 2, 72, 40), dict(rope=True, causal=True), "dense"),
+    "rope_packed": ((3, 160, 150, 4, 2, 128, 128), dict(rope=True, window=(40, 7)), "packed"),
+    "rope_padded": ((2, 200, 190, 4, 1, 64, 64), dict(rope=True), "padded"),
 }
 MODES = ("default", "deterministic", "recompute")  # deterministic: dQ reduced in order; recompute: bwd_dq
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
@@ -82,6 +86,9 @@ def _inputs(name: str, gen: torch.Generator, device: str) -> tuple[dict, dict]:
                         seqlens_k=torch.tensor(_PADDED_K, dtype=torch.int32, device=device))
     if keywords.pop("sinks", False):
         keywords["sinks"] = torch.randn(hq, generator=gen).to(device)
+    if keywords.pop("rope", False):  # tables exactly as long as the padded extents
+        angles = torch.rand(max(sq, sk), dqk // 2, generator=gen) * 100
+        keywords["rope"] = (angles.cos().to(device), angles.sin().to(device))
     return dict(q=q, k=k, v=v, do=do), keywords
 
 

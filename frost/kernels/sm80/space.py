@@ -1,12 +1,13 @@
 """The params the SM80 engines can produce: every combination their Capabilities rows admit.
 
 Enumerated through the engines' own lowering (``fwd_params_for``,
-``backward_choices`` and the backward plan's derived records) over every fact
+``backward_choices``, the backward plan's derived records and ``rope_params_for``) over every fact
 that changes code: dtype, whether each head dim fills its flavor, layout and
 padding, which window sides are bounded, alignment, sinks, the bias's dtype (and, in the
 backward, whether it broadcasts), deterministic mode,
 and the backward's device and size choices (dQ reduce width 1 on SM80 / 4 on
-SM90, GQA group split or not). Sizes, head counts, token totals and window
+SM90, GQA group split or not); for the RoPE pass, dtype, layout, direction and the
+exact head dim (static there). Sizes, head counts, token totals and window
 values are runtime and do not multiply it.
 
 ``l0_records`` (the pairwise-covering subsets the L0 compile tests build) and
@@ -21,6 +22,7 @@ import itertools
 from frost.kernels.sm80.config import (
     BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams, FwdParams, bwd_params_for, fwd_params_for,
 )
+from frost.kernels.sm80.rope_params import MAX_HEAD_DIM, RopeParams, rope_params_for
 
 HEAD_DIMS = {  # (head_dim_qk, head_dim_v) -> which flavor / partial flags they select
     "d64": (64, 64), "d64 partial qk": (48, 64), "d64 partial v": (64, 40), "d64 partial both": (56, 24),
@@ -32,6 +34,11 @@ HEAD_DIMS = {  # (head_dim_qk, head_dim_v) -> which flavor / partial flags they 
 }
 LAYOUTS = {"bshd": ("bshd", False), "padded": ("bshd", True), "thd": ("thd", False)}
 WINDOWS = {"none": (-1, -1), "causal": (-1, 0), "left": (16, -1), "right": (-1, 16), "both": (16, 4)}
+ROPE_HEAD_DIMS = tuple(range(8, MAX_HEAD_DIM + 1, 8))  # the RoPE pass's key holds the head dim itself
+# what the L0 sweep compiles of them: 16- and 8-byte accesses (D a multiple of 16 or not), one thread
+# per row (8) up to 31 (248), a CTA of 128 threads (64, 128, 256) and of fewer (40, 72, 136, 248)
+ROPE_L0_HEAD_DIMS = (8, 40, 64, 72, 128, 136, 248, 256)
+ROPE_LAYOUTS = ("bshd", "thd")  # dense padding changes nothing in the pass (module doc of sm80/rope.py)
 
 
 BIASES = (None, "float32", "io")  # no bias, a float32 bias, a bias in the io dtype
@@ -84,6 +91,13 @@ def admitted_bwd_params() -> list:
     return list(seen)
 
 
+def admitted_rope_params(head_dims=ROPE_HEAD_DIMS) -> list[RopeParams]:
+    """The RoPE pass's records (rotation and transpose) for every dtype, layout and head dim."""
+    combinations = itertools.product(("float16", "bfloat16"), head_dims, ROPE_LAYOUTS)
+    return [record for dtype, head_dim, layout in combinations
+            for record in rope_params_for(dtype=dtype, head_dim=head_dim, layout=layout)]
+
+
 def _pairs(p, names: list[str]) -> set:
     values = [(n, getattr(p, n)) for n in names]
     return {(a, b) for i, a in enumerate(values) for b in values[i + 1:]}
@@ -119,10 +133,11 @@ def _pairwise_cover(params: list) -> list:
 
 
 def l0_records() -> list:
-    """The records the L0 compile suites build: forward, then backward chain, each pairwise-covering."""
-    return covering_subset(admitted_fwd_params()) + covering_subset(admitted_bwd_params())
+    """The records the L0 compile suites build: forward, backward chain, RoPE pass, each pairwise-covering."""
+    return (covering_subset(admitted_fwd_params()) + covering_subset(admitted_bwd_params())
+            + covering_subset(admitted_rope_params(ROPE_L0_HEAD_DIMS)))
 
 
 def all_records() -> list:
     """Every record the SM80 engines can produce."""
-    return admitted_fwd_params() + admitted_bwd_params()
+    return admitted_fwd_params() + admitted_bwd_params() + admitted_rope_params()

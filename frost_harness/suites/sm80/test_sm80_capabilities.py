@@ -47,7 +47,6 @@ def _problem(engine, *, hq=4, hkv=4, dqk=64, dv=None, dtype=torch.bfloat16, devi
         (dict(dqk=192, dv=128), dict(dqk=192, dv=264), "exceeds 256"),
         (dict(dqk=72), dict(dqk=68), "not a multiple of 8"),
         (dict(dqk=64, dv=40), dict(dqk=64, dv=36), "not a multiple of 8"),
-        (dict(window=(3, 2)), dict(rope=(torch.ones(16, 32), torch.zeros(16, 32))), "fused RoPE"),
         (dict(scale=0.1), dict(scale=-0.1), "positive scale"),
         (dict(hq=8, hkv=2), dict(q=torch.randn(2, 16, 4, 68, dtype=torch.bfloat16)[..., :64]), "16-byte aligned"),
     ],
@@ -84,7 +83,8 @@ def test_backward_accepts_deterministic_mode():
     "keywords", [dict(), dict(causal=True, causal_align="bottom_right"), dict(window=(5, -1)),
                  dict(sinks=torch.zeros(4)), dict(seqlens_q=torch.tensor([3, 16], dtype=torch.int32)),
                  dict(bias=torch.zeros(1, 4, 16, 16)), dict(bias=torch.zeros(2, 1, 16, 16, dtype=torch.bfloat16)),
-                 dict(bias=torch.zeros(1, 1, 16, 16), seqlens_k=torch.tensor([16, 5], dtype=torch.int32))],
+                 dict(bias=torch.zeros(1, 1, 16, 16), seqlens_k=torch.tensor([16, 5], dtype=torch.int32)),
+                 dict(rope=(torch.ones(16, 32), torch.zeros(16, 32)), window=(3, 2))],
 )
 def test_every_listed_feature_is_accepted(keywords):
     for engine in ENGINES:
