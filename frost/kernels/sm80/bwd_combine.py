@@ -57,17 +57,20 @@ def combine_kernel(mdKpart: cute.Tensor, mdVpart: cute.Tensor, mdK: cute.Tensor,
 def combine_rows(mPart: cute.Tensor, mOut: cute.Tensor, mCuSeqlensK: cute.Tensor | None, row_block, head, tidx,
                  width: cutlass.Constexpr[int]):
     """Rows [row_block * ROWS, +ROWS) of one kv head of one output: the sum over splits, rounded."""
+    # a width of 192 gives 24 threads per row: 5 rows per pass, the last 8 threads idle
     threads_per_row = width // VEC
     rows_per_pass = NUM_THREADS // threads_per_row
     column_vector = tidx % threads_per_row
+    lane_row = tidx // threads_per_row
     if const_expr(PACKED):
         limit = mCuSeqlensK[mCuSeqlensK.shape[0] - 1]
     else:
         limit = mOut.shape[0] * mOut.shape[1]
-    if column_vector * VEC < mOut.shape[-1]:
-        for step in cutlass.range_constexpr(ROWS // rows_per_pass):
-            row = row_block * ROWS + step * rows_per_pass + tidx // threads_per_row
-            if row < limit:
+    if lane_row < rows_per_pass and column_vector * VEC < mOut.shape[-1]:
+        for step in cutlass.range_constexpr((ROWS + rows_per_pass - 1) // rows_per_pass):
+            in_block = step * rows_per_pass + lane_row
+            row = row_block * ROWS + in_block
+            if in_block < ROWS and row < limit:
                 # (VEC,): this thread's columns of the row, summed over the splits in order
                 acc = cute.make_rmem_tensor((VEC,), Float32)
                 acc.fill(0.0)
