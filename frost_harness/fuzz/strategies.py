@@ -204,7 +204,7 @@ def _bias(draw, dtype: torch.dtype, *, max_scale: float) -> dict:
 
 
 # Case fields a record class decides in the gpu regime: a fixed value there would leave the pool.
-_CLASS_FIELDS = frozenset({"dtype", "layout", "lengths_q", "lengths_k", "heads_q", "heads_kv", "head_dim_qk",
+_CLASS_FIELDS = frozenset({"dtype", "lengths_q", "lengths_k", "heads_q", "heads_kv", "head_dim_qk",
                            "head_dim_v", "causal", "causal_align", "window"})  # fmt: skip
 
 
@@ -229,7 +229,8 @@ def cases(draw, regime: str = "cpu", *, direction: str = "forward", **fixed) -> 
     heads_q, heads_kv = _heads(draw, size, ("gqa", "mqa") if grouped else ("mha",) if cls else ("mha", "gqa", "mqa"))
     rope = draw(st.integers(0, 3)) == 0
     head_dim_qk, head_dim_v = _class_head_dims(draw, size, cls, rope) if cls else _head_dims(draw, size, rope)
-    mask = _class_mask(draw, size, cls, layout) if cls else _mask(draw, size, fixed.pop("mask", None) == "right_bounded")
+    right_bounded = fixed.pop("mask", None) == "right_bounded"  # (a class's mask is the class's)
+    mask = _class_mask(draw, size, cls, layout) if cls else _mask(draw, size, right_bounded)
     fields = dict(
         dtype=dtype, device=size.device, **layout, heads_q=heads_q, heads_kv=heads_kv,
         head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, **mask,
@@ -264,7 +265,8 @@ def _record_class(draw, fixed: dict) -> pool.RecordClass:
                          "constrain them through layout, heads, mask or sinks")  # fmt: skip
     candidates = [cls for cls in pool.active() if pool.matches(cls, constraints)]
     if not candidates:
-        raise ValueError(f"no record class of the pool meets {constraints}: add them to frost_harness.fuzz.pool.demands")
+        raise ValueError(f"no record class of the pool meets {constraints}: "
+                         "add them to frost_harness.fuzz.pool.demands")
     return draw(st.sampled_from(candidates))
 
 

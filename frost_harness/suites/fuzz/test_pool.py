@@ -175,11 +175,12 @@ def test_prewarm_builds_exactly_the_pools_records(monkeypatch, tmp_path):
 
 
 def test_throughput_lines_parse():
+    oracle = "s/test_oracle.py::test_forward_matches_oracle_gpu"
+    permutation = "s/test_identities.py::test_identity_gpu[batch_permutation]"
     chunks = fuzzlog.frame([
-        {"test_id": "s/test_oracle.py::test_forward_matches_oracle_gpu", "worker": "gw0", "examples": 600, "seconds": 60},
-        {"test_id": "s/test_oracle.py::test_forward_matches_oracle_gpu", "worker": "gw1", "examples": 400, "seconds": 60},
-        {"test_id": "s/test_identities.py::test_identity_gpu[batch_permutation]", "worker": "gw0", "examples": 500,
-         "seconds": 60},
+        {"test_id": oracle, "worker": "gw0", "examples": 600, "seconds": 60},
+        {"test_id": oracle, "worker": "gw1", "examples": 400, "seconds": 60},
+        {"test_id": permutation, "worker": "gw0", "examples": 500, "seconds": 60},
     ])  # fmt: skip
     text = "\n".join(f"frost-fuzz: {line}" for line in fuzzlog.throughput_lines(chunks, wall_seconds=60.0))
     assert fuzzlog.parse_throughput(text) == {"overall": 1500.0, "forward_matches_oracle": 1000.0,
