@@ -18,9 +18,11 @@ Shrinking has a clock of its own: Hypothesis stops shrinking after
 ``MAX_SHRINKING_SECONDS`` (five minutes, counted from the first shrink, a module setting
 it documents as one to patch). ``example_failed`` sets it, at the first failure of a
 chunk (just before shrinking starts), to what is left until ``shrink_until`` (the runner
-passes the run's budget plus 10%), so a failure found late in the run is reported
-partly shrunk rather than late; the overshoot is the example running at that time and
-the replay of the shrunk one. Each chunk starts with it reset.
+passes its deadline plus 5% of the budget, the other half of the 10% it may run late
+being for what follows), so a failure found late in the run is reported partly shrunk
+rather than late; the overshoot is the example running at that time and the replay of
+the shrunk one (the ``nightly`` profile has no ``explain`` phase after it). Each chunk
+starts with it reset.
 
 Counting: ``examples`` and ``examples_total`` count *checked* examples, those the
 property judged (it returned or raised its failure: ``example_finished``). An example
@@ -134,7 +136,19 @@ def example_failed() -> None:
 
 
 
-def _limit_shrinking(budget: Budget) -> None:
-    """Hypothesis's shrinking limit: what is left until the budget's ``shrink_until`` (at most its default)."""
+def _limit_shrinking(budget: Budget) -> float:
+    """Set Hypothesis's shrinking limit to what is left until the budget's ``shrink_until`` (at
+    most its default); return it."""
     end = budget.until if budget.shrink_until is None else budget.shrink_until
-    _hypothesis_engine.MAX_SHRINKING_SECONDS = max(0.0, min(SHRINK_SECONDS_DEFAULT, end - time.time()))
+    seconds = max(0.0, min(SHRINK_SECONDS_DEFAULT, end - time.time()))
+    _hypothesis_engine.MAX_SHRINKING_SECONDS = seconds
+    return seconds
+
+
+def shrink_note() -> str:
+    """For a failing chunk's report: the shrinking limit its failure had, when the budget set it."""
+    seconds = _hypothesis_engine.MAX_SHRINKING_SECONDS
+    if _active is None or seconds >= SHRINK_SECONDS_DEFAULT:
+        return ""
+    return (f"; shrinking was limited to {seconds:.0f} s by the run's budget (Hypothesis's warning of "
+            "'more than five minutes' means this limit)")

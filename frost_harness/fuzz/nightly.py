@@ -27,8 +27,8 @@ printed and kept in ``run.json``): the run's fuzzing ends by ``start + budget``,
 report within 10% more. A few seconds are kept for the report; the rest is split
 between the fuzz tests of each worker, each run as seeded Hypothesis chunks until its
 share is spent (``frost_harness.fuzz.budget``). A test stops at its first failure, which Hypothesis
-shrinks (until ``start + 1.1 * budget`` less the report's seconds at most) and reports
-with a one-line reproduction. The summary prints the checked examples per minute,
+shrinks (until half the 10% past the budget at most, the report's seconds kept) and
+reports with a one-line reproduction. The summary prints the checked examples per minute,
 overall and per property (``frost_harness.reports.fuzzlog.throughput_lines``).
 
 Seeds: ``--seed`` (default: today's date as YYYYMMDD, printed) is the night's; shard K
@@ -66,7 +66,9 @@ from frost_harness.reports import cli, fuzzlog, publish, records, tables, verdic
 
 FUZZ_SUITES = invocation.SUITES / "fuzz"
 REPORT_RESERVE_S = 20.0  # seconds kept at the end of the budget for the report (a fifth of short budgets)
-SHRINK_SLACK = 0.10  # a failure's shrinking may run this share of the budget past it
+# The run may end this share of the budget late, when a failure is shrinking: half of it for
+# the shrinking, half for what follows it (the example in flight, the shrunk one's replay).
+SHRINK_SLACK = 0.10
 
 
 def parse_budget(text: str) -> float:
@@ -133,7 +135,7 @@ def _fuzz(args) -> int:
     reserve = min(REPORT_RESERVE_S, args.budget / 5)
     until = start + args.budget - reserve
     command = pytest_command(regime, workers, out, until, seed, args.pytest_args,
-                             shrink_until=until + SHRINK_SLACK * args.budget, pool=pool_spec, cache_dir=cache_dir)
+                             shrink_until=until + SHRINK_SLACK / 2 * args.budget, pool=pool_spec, cache_dir=cache_dir)
     # a runner started from inside a test worker must not hand that worker's identity down
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
     if listed:

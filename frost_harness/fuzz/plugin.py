@@ -113,7 +113,8 @@ def pytest_pyfunc_call(pyfuncitem):
             pass
         except BaseException as error:
             outcome, failure = "failed", f"{type(error).__name__}: {error}"[:4000]
-            pyfuncitem.add_report_section("call", "frost-fuzz", f"failing chunk {chunk}: seed {seed}")
+            pyfuncitem.add_report_section("call", "frost-fuzz", f"failing chunk {chunk}: seed {seed}"
+                                                                 + budget.shrink_note())
             active.chunks_failed += 1
             raise
         finally:

@@ -223,3 +223,4 @@ def test_shrinking_stops_at_the_budgets_shrink_deadline():
 
     assert engine.MAX_SHRINKING_SECONDS == budget.SHRINK_SECONDS_DEFAULT  # restored for everyone else
     assert math.isclose(nightly.SHRINK_SLACK, 0.10)
+    assert Phase.explain not in settings.get_profile("nightly").phases  # it would run past the deadline
