@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="frost-fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=parse_budget, default=parse_budget("30m"), help="wall-clock budget (30m)")
     parser.add_argument("--shard", type=parse_shard, default=(1, 1), help="this machine's share K/N of the night")
-    parser.add_argument("--workers", type=int, help="xdist workers (default: one per GPU, or per core)")
+    parser.add_argument("--workers", type=int, help="xdist workers (default: one per core, at least one per GPU)")
     parser.add_argument("--devices", default="auto", help="GPUs: auto, none, or a list like 0,1 (default auto)")
     parser.add_argument("--regime", choices=("auto", "cpu", "gpu"), default="auto",
                         help="problem sizes and device (default: gpu where a GPU shows)")

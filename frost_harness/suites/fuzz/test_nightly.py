@@ -86,6 +86,7 @@ def test_two_workers_each_use_their_own_device(tmp_path, capsys):
     rates = fuzzlog.parse_throughput(capsys.readouterr().out)
     assert set(rates) == {"overall", "forward_matches_oracle", "routing_is_stable"}
     assert rates["overall"] == pytest.approx(chunks["examples"].sum() / (meta["fuzz_s"] / 60), abs=1)
+    assert fuzzlog.parse_throughput((run / "fuzz.md").read_text()) == rates
     assert all((run / name).exists() for name in ("stats.csv", "fuzz.md", "report.html", "routing.md"))
 
     merged = tmp_path / "merged"
