@@ -1,7 +1,7 @@
 """Record classes: the finite pool of compiled kernels a GPU fuzz run draws its problems from.
 
 A GPU example that meets a params record no process has compiled pays a JIT compile of
-4-8 s, a hundred times the example itself. So the ``gpu`` regime's strategies
+4-8 s (measured on the H200 machine), far more than the example itself. So the ``gpu`` regime's strategies
 (``frost_harness.fuzz.strategies``) first draw a *record class* from a small pool and then
 many problems under it: the class fixes every fact that changes a compiled params record
 of frost's engines (``frost.kernels.sm80.config``), the problem draws what stays a
@@ -52,7 +52,7 @@ PER_DEMAND = 2
 MAX_HEAD_DIM = 128  # the gpu regime's (frost_harness.fuzz.strategies.REGIMES)
 
 
-@dataclasses.dataclass(frozen=True, order=True)
+@dataclasses.dataclass(frozen=True)
 class RecordClass:
     """The facts of a problem that decide which params records frost's engines compile."""
 
