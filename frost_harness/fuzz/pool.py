@@ -11,11 +11,14 @@ What a class fixes (and why): the dtype; the head-dim flavor and whether each he
 fills its tile (``flavor``, ``partial_qk``, ``partial_v``: the head dims themselves are
 runtime); the layout (dense, dense with padding, packed THD); which window sides are
 bounded (causal is a right side of 0; the widths are runtime) and, when one is, the
-bottom-right alignment; sinks; and whether heads are grouped (the backward splits a
-GQA / MQA group over CTAs, ``split_group``, depending on the grid: a class that is
-grouped may compile both). Everything else a problem draws is runtime or makes
-frost's engines decline (bias, RoPE, head dims that are not multiples of 8, a scale
-that is not positive): sizes, head counts, window widths, scales, seeds, strides.
+bottom-right alignment; sinks; an additive bias and its dtype (float32 or the io
+dtype; its broadcast pattern is runtime, though the backward reduces dbias differently
+when the bias has size 1 where the problem has more batches or heads: a class with a
+bias may compile both); and whether heads are grouped (the backward splits a GQA / MQA
+group over CTAs, ``split_group``, depending on the grid: a class that is grouped may
+compile both). Everything else a problem draws is runtime or makes frost's engines
+decline (RoPE, head dims that are not multiples of 8, a scale that is not positive):
+sizes, head counts, window widths, scales, seeds, strides.
 
 ``sample(seed, size)`` draws a run's pool from the whole class space (``space()``),
 ``size`` classes plus, for every constraint a property puts on its problems
@@ -25,7 +28,7 @@ that pool can compile: each class's own records for the forward, the backward an
 deterministic backward, with both GQA splits, plus those of the problems the
 identities rewrite it into (a packed problem's per-sequence and padded spellings, with
 its window sides or alignment lost where a sequence is too short to bound them; GQA
-spelled as MHA). They come from the engines' own lowering (``Engine.records``), so
+spelled as MHA; a float32 bias carrying a row shift, or a sink and the masks). They come from the engines' own lowering (``Engine.records``), so
 they are exactly what the plans compile. ``frost-fuzz`` compiles them into the disk
 cache before its workers start (``frost_harness.fuzz.prewarm``).
 
@@ -43,10 +46,11 @@ import torch
 
 from frost import dispatch
 from frost.kernels.sm80.config import FLAVORS, HEAD_DIM_MULTIPLE, flavor_for
-from frost.problem import Problem
+from frost.problem import BiasSpec, Problem
 
 DTYPES = ("bfloat16", "float16")
 LAYOUTS = ("dense", "padded", "thd")
+BIASES = (None, "float32", "io")  # no bias, a float32 one, one in the io dtype
 DEFAULT_SIZE = 12
 PER_DEMAND = 2
 MAX_HEAD_DIM = 128  # the gpu regime's (frost_harness.fuzz.strategies.REGIMES)
@@ -66,6 +70,7 @@ class RecordClass:
     partial_qk: bool  # head_dim_qk below the flavor's Q/K tile
     partial_v: bool  # head_dim_v below its V tile
     dtype: str  # "bfloat16" | "float16"
+    bias: str | None = None  # a key of BIASES
 
     def __post_init__(self):
         if self.bottom_right and not (self.left or self.right):
@@ -74,6 +79,10 @@ class RecordClass:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+    @property
+    def bias_dtype(self) -> torch.dtype | None:
+        return None if self.bias is None else torch.float32 if self.bias == "float32" else self.torch_dtype
 
     def head_dims(self) -> tuple[list[int], list[int]]:
         """Every (multiple-of-8) head_dim_qk and head_dim_v this class admits, each on its own:
@@ -115,9 +124,9 @@ def space() -> list[RecordClass]:
     """Every record class of the gpu regime, in a fixed order."""
     return [
         RecordClass(layout=layout, left=left, right=right, bottom_right=bottom_right, sinks=sinks, grouped=grouped,
-                    flavor=flavor, partial_qk=partial_qk, partial_v=partial_v, dtype=dtype)
-        for dtype, (flavor, partial_qk, partial_v), layout, (left, right, bottom_right), sinks, grouped
-        in itertools.product(DTYPES, _head_kinds(), LAYOUTS, MASKS, (False, True), (False, True))
+                    flavor=flavor, partial_qk=partial_qk, partial_v=partial_v, dtype=dtype, bias=bias)
+        for dtype, (flavor, partial_qk, partial_v), layout, (left, right, bottom_right), sinks, grouped, bias
+        in itertools.product(DTYPES, _head_kinds(), LAYOUTS, MASKS, (False, True), (False, True), BIASES)
     ]  # fmt: skip
 
 
@@ -158,8 +167,8 @@ def sample(seed: int, size: int = DEFAULT_SIZE) -> tuple[RecordClass, ...]:
 
 
 def _simplicity(cls: RecordClass) -> tuple:
-    switched_on = (cls.layout != "dense", cls.left, cls.right, cls.bottom_right, cls.sinks, cls.grouped,
-                   cls.partial_qk, cls.partial_v)  # fmt: skip
+    switched_on = (cls.layout != "dense", cls.left, cls.right, cls.bottom_right, cls.sinks, cls.bias is not None,
+                   cls.grouped, cls.partial_qk, cls.partial_v)  # fmt: skip
     return (sum(switched_on), list(FLAVORS).index(cls.flavor), LAYOUTS.index(cls.layout), switched_on,
             DTYPES.index(cls.dtype))  # fmt: skip
 
@@ -194,14 +203,19 @@ def active() -> tuple[RecordClass, ...]:
 _MODES = (("forward", False), ("backward", False), ("backward", True))  # (direction, deterministic)
 
 
+# a grid of a few CTAs (a GQA group is split over CTAs) and one of thousands (it is not)
+_GRIDS = (1, 4096)
+
+
 def records(classes: Iterable[RecordClass]) -> list:
     """Every params record frost's engines may compile for problems of ``classes`` (and for the
     identities' rewrites of them), without repeats, in a fixed order."""
     found: dict = {}
     for cls in classes:
         for variant, modes in closure(cls):
-            for (direction, deterministic), grid in itertools.product(modes, _GRIDS):
-                problem = representative(variant, direction, deterministic, grid)
+            shapes = itertools.product(_GRIDS, (False, True) if variant.bias else (False,))
+            for (direction, deterministic), (batch, broadcast) in itertools.product(modes, shapes):
+                problem = representative(variant, direction, deterministic, batch, broadcast)
                 for engine in dispatch.engines(direction):
                     found.update(dict.fromkeys(engine.records(problem)))
     return list(found)
@@ -209,9 +223,12 @@ def records(classes: Iterable[RecordClass]) -> list:
 
 def closure(cls: RecordClass) -> list[tuple[RecordClass, tuple]]:
     """The classes a property may run for a problem of ``cls``, each with its (direction,
-    deterministic) modes: ``cls`` in every mode; the identities' rewrites (forward and the
-    default backward): GQA as MHA, and a packed problem as padded and as one dense problem per
-    sequence, whose shorter extents may unbound a window side or make the alignments coincide."""
+    deterministic) modes: ``cls`` in every mode, and the identities' rewrites
+    (``frost_harness.fuzz.identities``; forward and the default backward) of the problems
+    whose draws ``cls`` meets: GQA as MHA; a packed problem as padded and as one dense
+    problem per sequence, whose shorter extents may unbound a window side or make the
+    alignments coincide; a row shift as a float32 bias (no sinks); a sink and the masks of
+    a dense problem as a float32 bias over one more key."""
     sides = [dataclasses.replace(cls, grouped=False)] if cls.grouped else []
     if cls.layout == "thd":
         sides.append(dataclasses.replace(cls, layout="padded"))
@@ -219,17 +236,18 @@ def closure(cls: RecordClass) -> list[tuple[RecordClass, tuple]]:
             if (left <= cls.left) and (right <= cls.right) and (bottom_right <= cls.bottom_right):
                 sides.append(dataclasses.replace(cls, layout="dense", left=left, right=right,
                                                  bottom_right=bottom_right))  # fmt: skip
-    return [(cls, _MODES)] + [(side, _MODES[:2]) for side in sides if side != cls]
+    if not cls.sinks:
+        sides.append(dataclasses.replace(cls, bias="float32"))
+    elif cls.layout == "dense":
+        sides.append(dataclasses.replace(cls, left=False, right=False, bottom_right=False, sinks=False, bias="float32"))
+    return [(cls, _MODES)] + [(side, _MODES[:2]) for side in dict.fromkeys(sides) if side != cls]
 
 
-# a grid of a few CTAs (a GQA group is split over CTAs) and one of thousands (it is not)
-_GRIDS = (1, 4096)
-
-
-def representative(cls: RecordClass, direction: str, deterministic: bool, batch: int = 1) -> Problem:
+def representative(cls: RecordClass, direction: str, deterministic: bool, batch: int = 1,
+                   broadcast: bool = False) -> Problem:
     """A Problem of ``cls``, for the engines' lowering only (nothing runs; the device is the CPU,
     so that no CUDA is needed, and the backward's GQA split counts an H200's SMs); ``batch``
-    sets the grid's size."""
+    sets the grid's size, ``broadcast`` gives the bias size 1 over the (8) query heads."""
     dims_qk, dims_v = cls.head_dims()
     head_dim_qk = max(d for d in dims_qk if any(cls.admits_head_dims(d, v) for v in dims_v))
     head_dim_v = max(v for v in dims_v if cls.admits_head_dims(head_dim_qk, v))
@@ -240,6 +258,7 @@ def representative(cls: RecordClass, direction: str, deterministic: bool, batch:
         total_k=batch * (seqlen + 64) if cls.layout == "thd" else None, heads_q=8, heads_kv=2 if cls.grouped else 8,
         head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, scale=0.125, causal=cls.right,
         causal_align="bottom_right" if cls.bottom_right else "top_left", window_left=16 if cls.left else -1,
-        window_right=0 if cls.right else -1, has_seqlens=cls.layout == "padded", bias=None, has_sinks=cls.sinks,
+        window_right=0 if cls.right else -1, has_seqlens=cls.layout == "padded", has_sinks=cls.sinks,
+        bias=BiasSpec((batch, 1 if broadcast else 8, seqlen, seqlen + 64), cls.bias_dtype) if cls.bias else None,
         has_rope=False, deterministic=deterministic, strided=False, vector_aligned=True,
     )  # fmt: skip

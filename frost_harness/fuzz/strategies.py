@@ -36,8 +36,8 @@ and head dims up to 128, on ``device="cuda"``.
 
 The ``gpu`` regime searches instead of compiling: each problem first draws a record
 class from the run's pool (``frost_harness.fuzz.pool``: dtype, head-dim flavor and
-whether each head dim fills it, layout, bounded window sides and alignment, sinks,
-grouped heads: the facts that change a compiled kernel) and then everything that stays
+whether each head dim fills it, layout, bounded window sides and alignment, sinks, a
+bias and its dtype, grouped heads: the facts that change a compiled kernel) and then everything that stays
 a runtime value under it (sizes, head counts and dims within the flavor, window widths,
 scales, seeds, and the features frost's engines decline). Window widths are drawn
 against the problem's extents, so that a side the class bounds stays bounded (below the
@@ -191,13 +191,14 @@ def _mask(draw, regime: Regime, right_bounded: bool) -> dict:
     return {"causal_align": align, "window": (left, right)}
 
 
-def _bias(draw, dtype: torch.dtype, *, max_scale: float) -> dict:
-    if draw(st.integers(0, 2)):
+def _bias(draw, dtype: torch.dtype, *, max_scale: float, cls: pool.RecordClass | None = None) -> dict:
+    """A bias in a third of the draws (with a record class: as the class says, in its dtype)."""
+    if cls.bias is None if cls else draw(st.integers(0, 2)):
         return {}
     scales = [s for s in (1.0, 0.25, 4.0, 30.0, 300.0) if s <= max_scale]
     return {
         "bias": draw(st.sampled_from(BIAS_PATTERNS)),
-        "bias_dtype": draw(st.sampled_from((torch.float32, dtype))),
+        "bias_dtype": cls.bias_dtype if cls else draw(st.sampled_from((torch.float32, dtype))),
         "bias_scale": draw(st.sampled_from(scales)),
         "bias_holes": draw(st.booleans()),
     }
@@ -205,7 +206,7 @@ def _bias(draw, dtype: torch.dtype, *, max_scale: float) -> dict:
 
 # Case fields a record class decides in the gpu regime: a fixed value there would leave the pool.
 _CLASS_FIELDS = frozenset({"dtype", "lengths_q", "lengths_k", "heads_q", "heads_kv", "head_dim_qk",
-                           "head_dim_v", "causal", "causal_align", "window"})  # fmt: skip
+                           "head_dim_v", "causal", "causal_align", "window", "bias", "bias_dtype"})  # fmt: skip
 
 
 @st.composite
@@ -234,7 +235,7 @@ def cases(draw, regime: str = "cpu", *, direction: str = "forward", **fixed) -> 
     fields = dict(
         dtype=dtype, device=size.device, **layout, heads_q=heads_q, heads_kv=heads_kv,
         head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, **mask,
-        **_bias(draw, dtype, max_scale=30.0 if direction == "backward" else 300.0),
+        **_bias(draw, dtype, max_scale=30.0 if direction == "backward" else 300.0, cls=cls),
         rope=rope, strided=draw(st.integers(0, 3)) == 0, seed=draw(st.integers(0, 2**16)),
     )  # fmt: skip
     if cls.sinks if cls else draw(st.integers(0, 2)) == 0:

@@ -52,7 +52,8 @@ def small_pool():
 def test_the_pool_is_finite_and_meets_every_demand():
     every = pool.space()
     kinds = {(c.flavor, c.partial_qk, c.partial_v) for c in every}
-    assert len(every) == len(set(every)) == len(pool.DTYPES) * len(kinds) * len(pool.LAYOUTS) * len(pool.MASKS) * 4
+    assert len(every) == len(set(every)) == (len(pool.DTYPES) * len(kinds) * len(pool.LAYOUTS) * len(pool.MASKS)
+                                             * len(pool.BIASES) * 4)  # fmt: skip
     assert {flavor for flavor, _, _ in kinds} == {"d64", "d128"}  # head dims up to 128
     for seed in (0, 1, 20261202001):
         chosen = pool.sample(seed, 6)
@@ -126,8 +127,9 @@ def test_each_class_draws_problems_of_that_class_varying_the_rest(small_pool):
         def draw(case):
             p = runs.problem_of(make_inputs(dataclasses.replace(case, device="cpu")), "forward")
             facts = (p.dtype, _layout(case), p.window_left >= 0, p.window_right >= 0, p.causal_align == "bottom_right",
-                     p.has_sinks, p.heads_kv < p.heads_q)  # fmt: skip
-            assert facts == (cls.torch_dtype, cls.layout, cls.left, cls.right, cls.bottom_right, cls.sinks, cls.grouped)
+                     p.has_sinks, p.bias and p.bias.dtype, p.heads_kv < p.heads_q)  # fmt: skip
+            assert facts == (cls.torch_dtype, cls.layout, cls.left, cls.right, cls.bottom_right, cls.sinks,
+                             cls.bias_dtype, cls.grouped)  # fmt: skip
             if p.head_dim_qk % 8 == 0 and p.head_dim_v % 8 == 0:  # else a problem the native engines alone take
                 assert cls.admits_head_dims(p.head_dim_qk, p.head_dim_v), (p.head_dim_qk, p.head_dim_v)
             seen.add((p.seqlen_q, p.seqlen_k, p.head_dim_qk, p.window_left))
