@@ -16,12 +16,15 @@ dtype; its broadcast pattern is runtime, though the backward reduces dbias diffe
 when the bias has size 1 where the problem has more batches or heads: a class with a
 bias may compile both); and whether heads are grouped (the backward splits a GQA / MQA
 group over CTAs, ``split_group``, depending on the grid: a class that is grouped may
-compile both). Everything else a problem draws is runtime or makes frost's engines
-decline (RoPE, head dims that are not multiples of 8, a scale that is not positive):
-sizes, head counts, window widths, scales, seeds, strides.
+compile both); and RoPE, with the exact head_dim_qk it rotates (the RoPE pass compiles
+one small kernel per head dim, ``frost.kernels.sm80.rope_params``; the attention kernels
+do not change). Everything else a problem draws is runtime or makes frost's engines
+decline (head dims that are not multiples of 8, a scale that is not positive): sizes,
+head counts, window widths, scales, seeds, strides.
 
-``sample(seed, size)`` draws a run's pool from the whole class space (``space()``),
-``size`` classes plus, for every constraint a property puts on its problems
+``sample(seed, size)`` draws a run's pool from the class space without RoPE (``space()``),
+gives ``ROPE_SHARE`` of them RoPE at one of their head dims (as the cpu regime draws
+RoPE for a quarter of its problems), ``size`` classes plus, for every constraint a property puts on its problems
 (``demands()``: the identities' draws), ``PER_DEMAND`` classes that satisfy it, so every
 property has classes to draw from. ``records(classes)`` are every params record a run on
 that pool can compile: each class's own records for the forward, the backward and the
@@ -53,6 +56,7 @@ LAYOUTS = ("dense", "padded", "thd")
 BIASES = (None, "float32", "io")  # no bias, a float32 one, one in the io dtype
 DEFAULT_SIZE = 12
 PER_DEMAND = 2
+ROPE_SHARE = 0.25
 MAX_HEAD_DIM = 128  # the gpu regime's (frost_harness.fuzz.strategies.REGIMES)
 
 
@@ -71,10 +75,13 @@ class RecordClass:
     partial_v: bool  # head_dim_v below its V tile
     dtype: str  # "bfloat16" | "float16"
     bias: str | None = None  # a key of BIASES
+    rope: int | None = None  # RoPE, at this head_dim_qk (the RoPE pass's record fixes it); None: no RoPE
 
     def __post_init__(self):
         if self.bottom_right and not (self.left or self.right):
             raise ValueError(f"{self}: bottom-right alignment needs a bounded window side")
+        if self.rope is not None and self.rope not in self.head_dims_qk():
+            raise ValueError(f"{self}: RoPE at a head_dim_qk the class does not admit")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -89,6 +96,11 @@ class RecordClass:
         a pair must also pass ``admits_head_dims`` (a narrower flavor may cover both)."""
         tile_qk, tile_v = FLAVORS[self.flavor]
         return _dims(tile_qk, self.partial_qk), _dims(tile_v, self.partial_v)
+
+    def head_dims_qk(self) -> list[int]:
+        """The head_dim_qk values of some admitted pair (RoPE fixes one of them)."""
+        dims_qk, dims_v = self.head_dims()
+        return [d for d in dims_qk if any(self.admits_head_dims(d, v) for v in dims_v)]
 
     def admits_head_dims(self, head_dim_qk: int, head_dim_v: int) -> bool:
         tile_qk, tile_v = FLAVORS[self.flavor]
@@ -163,12 +175,14 @@ def sample(seed: int, size: int = DEFAULT_SIZE) -> tuple[RecordClass, ...]:
         have = [c for c in chosen if matches(c, demand)]
         rest = [c for c in every if matches(c, demand) and c not in chosen]
         chosen += rng.sample(rest, max(0, min(PER_DEMAND - len(have), len(rest))))
-    return tuple(sorted(chosen, key=_simplicity))
+    chosen = [dataclasses.replace(c, rope=rng.choice(c.head_dims_qk())) if rng.random() < ROPE_SHARE else c
+              for c in chosen]  # fmt: skip
+    return tuple(sorted(dict.fromkeys(chosen), key=_simplicity))
 
 
 def _simplicity(cls: RecordClass) -> tuple:
     switched_on = (cls.layout != "dense", cls.left, cls.right, cls.bottom_right, cls.sinks, cls.bias is not None,
-                   cls.grouped, cls.partial_qk, cls.partial_v)  # fmt: skip
+                   cls.rope is not None, cls.grouped, cls.partial_qk, cls.partial_v)  # fmt: skip
     return (sum(switched_on), list(FLAVORS).index(cls.flavor), LAYOUTS.index(cls.layout), switched_on,
             DTYPES.index(cls.dtype))  # fmt: skip
 
@@ -248,9 +262,8 @@ def representative(cls: RecordClass, direction: str, deterministic: bool, batch:
     """A Problem of ``cls``, for the engines' lowering only (nothing runs; the device is the CPU,
     so that no CUDA is needed, and the backward's GQA split counts an H200's SMs); ``batch``
     sets the grid's size, ``broadcast`` gives the bias size 1 over the (8) query heads."""
-    dims_qk, dims_v = cls.head_dims()
-    head_dim_qk = max(d for d in dims_qk if any(cls.admits_head_dims(d, v) for v in dims_v))
-    head_dim_v = max(v for v in dims_v if cls.admits_head_dims(head_dim_qk, v))
+    head_dim_qk = cls.rope or max(cls.head_dims_qk())
+    head_dim_v = max(v for v in cls.head_dims()[1] if cls.admits_head_dims(head_dim_qk, v))
     seqlen = 256
     return Problem(
         direction=direction, layout="thd" if cls.layout == "thd" else "bshd", dtype=cls.torch_dtype, device="cpu",
@@ -260,5 +273,5 @@ def representative(cls: RecordClass, direction: str, deterministic: bool, batch:
         causal_align="bottom_right" if cls.bottom_right else "top_left", window_left=16 if cls.left else -1,
         window_right=0 if cls.right else -1, has_seqlens=cls.layout == "padded", has_sinks=cls.sinks,
         bias=BiasSpec((batch, 1 if broadcast else 8, seqlen, seqlen + 64), cls.bias_dtype) if cls.bias else None,
-        has_rope=False, deterministic=deterministic, strided=False, vector_aligned=True,
+        has_rope=cls.rope is not None, deterministic=deterministic, strided=False, vector_aligned=True,
     )  # fmt: skip

@@ -37,7 +37,8 @@ and head dims up to 128, on ``device="cuda"``.
 The ``gpu`` regime searches instead of compiling: each problem first draws a record
 class from the run's pool (``frost_harness.fuzz.pool``: dtype, head-dim flavor and
 whether each head dim fills it, layout, bounded window sides and alignment, sinks, a
-bias and its dtype, grouped heads: the facts that change a compiled kernel) and then everything that stays
+bias and its dtype, RoPE at one head dim, grouped heads: the facts that change a
+compiled kernel) and then everything that stays
 a runtime value under it (sizes, head counts and dims within the flavor, window widths,
 scales, seeds, and the features frost's engines decline). Window widths are drawn
 against the problem's extents, so that a side the class bounds stays bounded (below the
@@ -206,7 +207,8 @@ def _bias(draw, dtype: torch.dtype, *, max_scale: float, cls: pool.RecordClass |
 
 # Case fields a record class decides in the gpu regime: a fixed value there would leave the pool.
 _CLASS_FIELDS = frozenset({"dtype", "lengths_q", "lengths_k", "heads_q", "heads_kv", "head_dim_qk",
-                           "head_dim_v", "causal", "causal_align", "window", "bias", "bias_dtype"})  # fmt: skip
+                           "head_dim_v", "causal", "causal_align", "window", "bias", "bias_dtype",
+                           "rope"})  # fmt: skip
 
 
 @st.composite
@@ -228,7 +230,7 @@ def cases(draw, regime: str = "cpu", *, direction: str = "forward", **fixed) -> 
     layout = _layout(draw, size, kind, fixed.pop("min_batch", 1), distinct=bool(cls and cls.bottom_right))
     grouped = cls.grouped if cls else fixed.pop("heads", None) == "grouped"
     heads_q, heads_kv = _heads(draw, size, ("gqa", "mqa") if grouped else ("mha",) if cls else ("mha", "gqa", "mqa"))
-    rope = draw(st.integers(0, 3)) == 0
+    rope = cls.rope is not None if cls else draw(st.integers(0, 3)) == 0
     head_dim_qk, head_dim_v = _class_head_dims(draw, size, cls, rope) if cls else _head_dims(draw, size, rope)
     right_bounded = fixed.pop("mask", None) == "right_bounded"  # (a class's mask is the class's)
     mask = _class_mask(draw, size, cls, layout) if cls else _mask(draw, size, right_bounded)
@@ -272,12 +274,11 @@ def _record_class(draw, fixed: dict) -> pool.RecordClass:
 
 
 def _class_head_dims(draw, regime: Regime, cls: pool.RecordClass, rope: bool) -> tuple[int, int]:
-    """Head dims of the class's flavor, as often equal as in the cpu regime; 1 in 5 draws makes
-    one or both not a multiple of 8 (frost's engines decline it: a native-engine problem)."""
-    dims_qk, dims_v = cls.head_dims()
-    head_dim_qk = draw(st.sampled_from(_shrink_order(d for d in dims_qk if any(cls.admits_head_dims(d, v)
-                                                                                for v in dims_v))))  # fmt: skip
-    fitting = _shrink_order(v for v in dims_v if cls.admits_head_dims(head_dim_qk, v))
+    """Head dims of the class's flavor (head_dim_qk its RoPE's when it has one), as often equal
+    as in the cpu regime; 1 in 5 draws makes one or both not a multiple of 8 (frost's engines
+    decline it: a native-engine problem)."""
+    head_dim_qk = cls.rope or draw(st.sampled_from(_shrink_order(cls.head_dims_qk())))
+    fitting = _shrink_order(v for v in cls.head_dims()[1] if cls.admits_head_dims(head_dim_qk, v))
     same = head_dim_qk in fitting and draw(st.integers(0, 2)) > 0
     head_dim_v = head_dim_qk if same else draw(st.sampled_from(fitting))
     if draw(st.integers(0, 4)) == 0:

@@ -42,8 +42,9 @@ def as_on_an_h200(monkeypatch):
 
 @pytest.fixture
 def small_pool():
-    """A pool other than the default one, active while the test draws."""
+    """A pool other than the default one (with RoPE in a class), active while the test draws."""
     classes = pool.sample(20261203, 4)
+    assert any(c.rope for c in classes)
     pool.activate(classes)
     yield classes
     pool.activate(None)
@@ -62,6 +63,8 @@ def test_the_pool_is_finite_and_meets_every_demand():
         for demand in pool.demands():
             assert sum(pool.matches(c, demand) for c in chosen) >= pool.PER_DEMAND, demand
     assert pool.sample(1, 6) != pool.sample(2, 6)
+    roped = [c for seed in range(20) for c in pool.sample(seed, 6) if c.rope is not None]
+    assert roped and all(c.rope in c.head_dims_qk() for c in roped)
     assert pool.parse_spec("7:3") == (7, 3) and pool.parse_spec("7") == (7, pool.DEFAULT_SIZE)
     with pytest.raises(ValueError, match="SEED:SIZE"):
         pool.parse_spec("seven")
@@ -127,11 +130,12 @@ def test_each_class_draws_problems_of_that_class_varying_the_rest(small_pool):
         def draw(case):
             p = runs.problem_of(make_inputs(dataclasses.replace(case, device="cpu")), "forward")
             facts = (p.dtype, _layout(case), p.window_left >= 0, p.window_right >= 0, p.causal_align == "bottom_right",
-                     p.has_sinks, p.bias and p.bias.dtype, p.heads_kv < p.heads_q)  # fmt: skip
+                     p.has_sinks, p.bias and p.bias.dtype, p.has_rope, p.heads_kv < p.heads_q)  # fmt: skip
             assert facts == (cls.torch_dtype, cls.layout, cls.left, cls.right, cls.bottom_right, cls.sinks,
-                             cls.bias_dtype, cls.grouped)  # fmt: skip
+                             cls.bias_dtype, cls.rope is not None, cls.grouped)  # fmt: skip
             if p.head_dim_qk % 8 == 0 and p.head_dim_v % 8 == 0:  # else a problem the native engines alone take
                 assert cls.admits_head_dims(p.head_dim_qk, p.head_dim_v), (p.head_dim_qk, p.head_dim_v)
+                assert cls.rope in (None, p.head_dim_qk)
             seen.add((p.seqlen_q, p.seqlen_k, p.head_dim_qk, p.window_left))
 
         draw()
