@@ -1,39 +1,46 @@
 """Record classes: the finite pool of compiled kernels a GPU fuzz run draws its problems from.
 
 A GPU example that meets a params record no process has compiled pays a JIT compile of
-4-8 s (measured on the H200 machine), far more than the example itself. So the ``gpu`` regime's strategies
-(``frost_harness.fuzz.strategies``) first draw a *record class* from a small pool and then
-many problems under it: the class fixes every fact that changes a compiled params record
-of frost's engines (``frost.kernels.sm80.config``), the problem draws what stays a
-runtime value.
+4-8 s (measured on the H200 machine), far more than the example itself. So the ``gpu``
+regime's strategies (``frost_harness.fuzz.strategies``) first draw a *record class* from a
+small pool and then many problems under it: the class fixes every fact that changes a
+compiled params record of frost's engines (``frost.kernels.sm80.config``,
+``frost.kernels.sm80.rope_params``), the problem draws what stays a runtime value.
 
-What a class fixes (and why): the dtype; the head-dim flavor and whether each head dim
-fills its tile (``flavor``, ``partial_qk``, ``partial_v``: the head dims themselves are
-runtime); the layout (dense, dense with padding, packed THD); which window sides are
-bounded (causal is a right side of 0; the widths are runtime) and, when one is, the
-bottom-right alignment; sinks; an additive bias and its dtype (float32 or the io
-dtype; its broadcast pattern is runtime, though the backward reduces dbias differently
-when the bias has size 1 where the problem has more batches or heads: a class with a
-bias may compile both); and whether heads are grouped (the backward splits a GQA / MQA
-group over CTAs, ``split_group``, depending on the grid: a class that is grouped may
-compile both); and RoPE, with the exact head_dim_qk it rotates (the RoPE pass compiles
-one small kernel per head dim, ``frost.kernels.sm80.rope_params``; the attention kernels
-do not change). Everything else a problem draws is runtime or makes frost's engines
-decline (head dims that are not multiples of 8, a scale that is not positive): sizes,
-head counts, window widths, scales, seeds, strides.
+What a class fixes (and why):
 
-``sample(seed, size)`` draws a run's pool from the class space without RoPE (``space()``),
-gives ``ROPE_SHARE`` of them RoPE at one of their head dims (as the cpu regime draws
-RoPE for a quarter of its problems), ``size`` classes plus, for every constraint a property puts on its problems
-(``demands()``: the identities' draws), ``PER_DEMAND`` classes that satisfy it, so every
-property has classes to draw from. ``records(classes)`` are every params record a run on
-that pool can compile: each class's own records for the forward, the backward and the
-deterministic backward, with both GQA splits, plus those of the problems the
-identities rewrite it into (a packed problem's per-sequence and padded spellings, with
-its window sides or alignment lost where a sequence is too short to bound them; GQA
-spelled as MHA; a float32 bias carrying a row shift, or a sink and the masks). They come from the engines' own lowering (``Engine.records``), so
-they are exactly what the plans compile. ``frost-fuzz`` compiles them into the disk
-cache before its workers start (``frost_harness.fuzz.prewarm``).
+- the dtype;
+- the head-dim flavor and whether each head dim fills its tile (``flavor``,
+  ``partial_qk``, ``partial_v``; the head dims themselves are runtime);
+- the layout (dense, dense with padding, packed THD);
+- which window sides are bounded (causal is a right side of 0; the widths are runtime)
+  and, when one is, the bottom-right alignment;
+- sinks;
+- an additive bias and its dtype (float32 or the io dtype). Its broadcast pattern is
+  runtime, though the backward reduces dbias differently when the bias has size 1 where
+  the problem has more batches or heads: a class with a bias may compile both;
+- whether heads are grouped: the backward splits a GQA / MQA group over CTAs
+  (``split_group``) depending on the grid, so a grouped class may compile both;
+- RoPE, with the exact head_dim_qk it rotates (the RoPE pass compiles one small kernel
+  per head dim; the attention kernels do not change).
+
+Everything else a problem draws is runtime or makes frost's engines decline (head dims
+that are not multiples of 8, a scale that is not positive): sizes, head counts, window
+widths, scales, seeds, strides.
+
+``sample(seed, size)`` draws ``size`` classes by ``seed`` from the class space without
+RoPE (``space()``), plus, for every constraint a property puts on its problems
+(``demands()``: the identities' draws), enough to have ``PER_DEMAND`` that satisfy it,
+and gives ``ROPE_SHARE`` of them RoPE at one of their head dims (the cpu regime draws
+RoPE for a quarter of its problems). ``records(classes)`` are every params record a run
+on that pool can compile: each class's own records for the forward, the backward and
+the deterministic backward, both GQA splits and both bias reductions, plus those of
+the problems the identities rewrite it into (a packed problem's per-sequence and padded
+spellings, with its window sides or alignment lost where a sequence is too short to
+bound them; GQA spelled as MHA; a float32 bias carrying a row shift, or a sink and the
+masks). They come from the engines' own lowering (``Engine.records``), so they are
+exactly what the plans compile. ``frost-fuzz`` compiles them into the disk cache before
+its workers start (``frost_harness.fuzz.prewarm``).
 
 The pool a process draws from is ``active()``: the one the plugin activates from
 ``--frost-fuzz-pool SEED:SIZE`` (``frost-fuzz`` passes it), else ``sample(0, DEFAULT_SIZE)``.
