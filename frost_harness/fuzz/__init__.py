@@ -1,7 +1,9 @@
 """frost's property-based search: Hypothesis strategies, properties, profiles and the nightly runner.
 
 - ``frost_harness.fuzz.strategies``: problems (``frost_harness.suites.harness.Case``) drawn from the whole of
-  SEMANTICS.md, in a ``cpu`` and a ``gpu`` size regime;
+  SEMANTICS.md, in a ``cpu`` and a ``gpu`` size regime; ``frost_harness.fuzz.pool``: the finite
+  pool of record classes (what changes a compiled kernel) the ``gpu`` regime draws from
+  first, and ``frost_harness.fuzz.prewarm``, which compiles its records before a run;
 - ``frost_harness.fuzz.properties`` (agreement with the oracle, determinism, routing) and
   ``frost_harness.fuzz.identities`` (metamorphic rewrites), checked on the engines; ``frost_harness.fuzz.catalog``
   names them all; ``frost_harness.fuzz.compare`` is the rule the identities are judged by;

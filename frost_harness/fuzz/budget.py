@@ -14,6 +14,20 @@ replay it). Rejecting examples (``hypothesis.reject``) instead was tried: Hypoth
 gives up on a run only after about 100 invalid examples per valid one, and each still
 draws its problem, so a chunk overshot by minutes.
 
+Shrinking has a clock of its own: Hypothesis stops shrinking after
+``MAX_SHRINKING_SECONDS`` (five minutes, counted from the first shrink, a module setting
+it documents as one to patch). ``example_failed`` sets it, at the first failure of a
+chunk (just before shrinking starts), to what is left until ``shrink_until`` (the runner
+passes its deadline plus 5% of the budget, the other half of the 10% it may run late
+being for what follows), so a failure found late in the run is reported partly shrunk
+rather than late; the overshoot is the example running at that time and the replay of
+the shrunk one (the ``nightly`` profile has no ``explain`` phase after it). Each chunk
+starts with it reset.
+
+Counting: ``examples`` and ``examples_total`` count *checked* examples, those the
+property judged (it returned or raised its failure: ``example_finished``). An example
+the share ends before it starts is not drawn into a property at all, so it is not one.
+
 Seeds: a chunk's seed is a hash of the run's seed (the night's seed and the shard),
 the worker, the test id and the chunk number, so every chunk of every worker and shard
 explores different ground, and each is written to the run folder's fuzz log.
@@ -29,17 +43,22 @@ from pathlib import Path
 
 import unittest
 
+from hypothesis.internal.conjecture import engine as _hypothesis_engine
+
+SHRINK_SECONDS_DEFAULT = float(_hypothesis_engine.MAX_SHRINKING_SECONDS)  # Hypothesis's own: five minutes
+
 
 @dataclass
 class Budget:
-    until: float  # time.time() when the whole run must stop
+    until: float  # time.time() when the whole run must stop starting examples
     seed: int  # the run's seed: the night's seed combined with the shard
     worker: str  # "main" or the xdist worker id
     share_end: float = float("inf")  # when the running test's share ends
-    examples: int = 0  # examples started in the running chunk
+    examples: int = 0  # examples checked in the running chunk
     failed: bool = False  # an example of the running chunk failed
     progress: Path | None = None  # where this worker's running totals go, for the runner's status line
-    examples_total: int = 0  # examples started in this worker, every test and chunk
+    examples_total: int = 0  # examples checked in this worker, every test and chunk
+    shrink_until: float | None = None  # when shrinking a failure must stop too (None: ``until``)
     chunks_failed: int = 0
     _written: float = 0.0  # time.time() of the last progress write
 
@@ -54,6 +73,7 @@ class Budget:
 
     def start_chunk(self) -> None:
         self.examples, self.failed = 0, False
+        _limit_shrinking(self)
 
     def share_spent(self) -> bool:
         return time.time() >= self.share_end
@@ -77,6 +97,8 @@ _active: Budget | None = None
 def activate(budget: Budget | None) -> None:
     global _active
     _active = budget
+    if budget is None:
+        _hypothesis_engine.MAX_SHRINKING_SECONDS = SHRINK_SECONDS_DEFAULT
 
 
 def active() -> Budget | None:
@@ -88,17 +110,45 @@ class ShareSpent(unittest.SkipTest):
 
 
 def example_started() -> None:
-    """Called at the start of every fuzz example: counts it, or ends the chunk (see above)."""
+    """Called at the start of every fuzz example: ends the chunk when the share is spent (see above)."""
+    budget = _active
+    if budget is not None and budget.examples and not budget.failed and budget.share_spent():
+        raise ShareSpent("frost-fuzz: this test's share of the time budget is spent")
+
+
+def example_finished() -> None:
+    """Called once the property judged the example (it held or failed): counts it as checked."""
     budget = _active
     if budget is None:
         return
-    if budget.examples and not budget.failed and budget.share_spent():
-        raise ShareSpent("frost-fuzz: this test's share of the time budget is spent")
     budget.examples += 1
     budget.examples_total += 1
     budget.write_progress()
 
 
 def example_failed() -> None:
+    """An example failed: Hypothesis shrinks it next, until ``shrink_until`` at most."""
     if _active is not None:
+        first = not _active.failed
         _active.failed = True
+        if first:
+            _limit_shrinking(_active)
+
+
+
+def _limit_shrinking(budget: Budget) -> float:
+    """Set Hypothesis's shrinking limit to what is left until the budget's ``shrink_until`` (at
+    most its default); return it."""
+    end = budget.until if budget.shrink_until is None else budget.shrink_until
+    seconds = max(0.0, min(SHRINK_SECONDS_DEFAULT, end - time.time()))
+    _hypothesis_engine.MAX_SHRINKING_SECONDS = seconds
+    return seconds
+
+
+def shrink_note() -> str:
+    """For a failing chunk's report: the shrinking limit its failure had, when the budget set it."""
+    seconds = _hypothesis_engine.MAX_SHRINKING_SECONDS
+    if _active is None or seconds >= SHRINK_SECONDS_DEFAULT:
+        return ""
+    return (f"; shrinking was limited to {seconds:.0f} s by the run's budget (Hypothesis's warning of "
+            "'more than five minutes' means this limit)")

@@ -48,15 +48,21 @@ PROPERTIES: dict[str, Callable[..., None]] = {
 
 
 def run(name: str, case: Case, engine: str | None = None) -> None:
-    """Check property ``name`` on ``case`` as one fuzz example."""
+    """Check property ``name`` on ``case`` as one fuzz example (counted as checked once judged)."""
     budget.example_started()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with records.stamped(property=name):
             PROPERTIES[name](case, engine)
+    except PropertyFailure:
+        budget.example_finished()  # judged, and failed
+        budget.example_failed()
+        raise
     except BaseException:
         budget.example_failed()
         raise
+    else:
+        budget.example_finished()
     finally:
         torch.set_num_threads(threads)

@@ -58,6 +58,9 @@ class Side:
 class Identity:
     name: str
     sides: Callable[[Case, Inputs], list[Side]]
+    # what its problems need: constraints of frost_harness.fuzz.strategies.cases (the GPU pool keeps
+    # classes that satisfy each, frost_harness.fuzz.pool)
+    draws: dict = field(default_factory=dict)
 
 
 def check_identity(identity: Identity, case: Case, engine: str | None = None) -> None:
@@ -434,11 +437,11 @@ def _rows(index: tuple, start: int, stop: int) -> tuple:
 IDENTITIES = {
     identity.name: identity
     for identity in (
-        Identity("packed_equals_per_sequence_and_padded", _packed_sides),
-        Identity("gqa_equals_repeated_kv", _gqa_sides),
-        Identity("batch_permutation", _permuted_sides),
-        Identity("sink_equals_zero_value_key", _sink_sides),
-        Identity("row_shift_changes_nothing", _shift_sides),
-        Identity("causal_prefix_ignores_later_keys", _prefix_sides),
+        Identity("packed_equals_per_sequence_and_padded", _packed_sides, {"layout": "thd"}),
+        Identity("gqa_equals_repeated_kv", _gqa_sides, {"heads": "grouped"}),
+        Identity("batch_permutation", _permuted_sides, {"min_batch": 2}),
+        Identity("sink_equals_zero_value_key", _sink_sides, {"layout": "dense", "sinks": True}),
+        Identity("row_shift_changes_nothing", _shift_sides, {"sinks": False}),
+        Identity("causal_prefix_ignores_later_keys", _prefix_sides, {"mask": "right_bounded"}),
     )
 }

@@ -6,9 +6,12 @@ Loaded by the repository's frost_harness/suites/conftest.py, in every test proce
   (``--frost-profile`` / ``--hypothesis-profile`` / ``FROST_FUZZ_PROFILE`` / ``ci``);
 - in each xdist worker (or a run without xdist) sets ``CUDA_VISIBLE_DEVICES`` from the
   runner's device list (``frost_harness.fuzz.devices``), before any test module imports torch;
+- activates the record-class pool the ``gpu`` regime draws from
+  (``frost_harness.fuzz.pool``): ``--frost-fuzz-pool SEED:SIZE``, else the default pool;
 - with ``--frost-fuzz-until EPOCH`` (the ``frost-fuzz`` runner passes it, with
-  ``--frost-fuzz-seed``) runs every test marked ``fuzz`` as chunks until its share of
-  the time is spent (``frost_harness.fuzz.budget``), skips fuzz tests that would start after the
+  ``--frost-fuzz-seed`` and ``--frost-fuzz-shrink-until``) runs every test marked ``fuzz`` as chunks until its share of
+  the time is spent (``frost_harness.fuzz.budget``), bounds the shrinking of a failure by
+  ``--frost-fuzz-shrink-until``, skips fuzz tests that would start after the
   deadline, and appends one row per chunk (test, worker, GPU, seed, examples,
   seconds, outcome, failure message) to ``fuzz-<worker>.jsonl`` in the run folder
   of ``frost_harness.reports.plugin``, and keeps ``progress-<worker>.json`` there (examples and failed
@@ -37,7 +40,12 @@ def pytest_addoption(parser):
     group.addoption("--frost-fuzz-until", type=float, default=None, metavar="EPOCH",
                     help="run fuzz tests in seeded chunks until this time.time() (the frost-fuzz runner sets it)")
     group.addoption("--frost-fuzz-seed", type=int, default=0, metavar="N",
-                    help="the run's seed from which every chunk's seed derives (with --frost-fuzz-until)")  # fmt: skip
+                    help="the run's seed from which every chunk's seed derives (with --frost-fuzz-until)")
+    group.addoption("--frost-fuzz-shrink-until", type=float, default=None, metavar="EPOCH",
+                    help="a failure found before --frost-fuzz-until shrinks until this time at most (default: that)")
+    group.addoption("--frost-fuzz-pool", default=None, metavar="SEED:SIZE",
+                    help="the record-class pool the gpu regime draws from (frost_harness.fuzz.pool; default 0:"
+                         "DEFAULT_SIZE)")  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -51,6 +59,11 @@ def pytest_configure(config):
     )
     if chosen:
         profiles.load(chosen)
+    spec = config.getoption("frost_fuzz_pool", None)
+    if spec:
+        from frost_harness.fuzz import pool  # here: after CUDA_VISIBLE_DEVICES is set (it imports torch)
+
+        pool.activate(pool.sample(*pool.parse_spec(spec)))
 
 
 @pytest.hookimpl(trylast=True)
@@ -64,7 +77,8 @@ def pytest_sessionstart(session):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         progress = records_plugin.run_folder(session.config) / f"progress-{worker}.json"
         budget.activate(budget.Budget(until=until, seed=session.config.getoption("frost_fuzz_seed"), worker=worker,
-                                      progress=progress))  # fmt: skip
+                                      progress=progress,
+                                      shrink_until=session.config.getoption("frost_fuzz_shrink_until")))  # fmt: skip
 
 
 def pytest_sessionfinish(session):
@@ -99,7 +113,8 @@ def pytest_pyfunc_call(pyfuncitem):
             pass
         except BaseException as error:
             outcome, failure = "failed", f"{type(error).__name__}: {error}"[:4000]
-            pyfuncitem.add_report_section("call", "frost-fuzz", f"failing chunk {chunk}: seed {seed}")
+            pyfuncitem.add_report_section("call", "frost-fuzz", f"failing chunk {chunk}: seed {seed}"
+                                                                 + budget.shrink_note())
             active.chunks_failed += 1
             raise
         finally:

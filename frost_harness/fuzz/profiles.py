@@ -9,7 +9,10 @@
   and replayed first next time, the ``@reproduce_failure`` blob printed.
 - ``nightly``: the ``frost-fuzz`` runner's: random seeds (the runner picks and logs
   them per chunk, see ``frost_harness.fuzz.budget``), ``max_examples`` per chunk, the database as
-  ``dev``, health checks for slow examples off (a GPU example may compile a kernel).
+  ``dev``, health checks for slow examples off (a GPU example may compile a kernel), and
+  no ``explain`` phase: it runs after shrinking, outside the budget's shrink deadline,
+  under a line tracer that slows every example it replays (measured: a CPU run of a
+  60 s budget overran it by 3 s with it).
 
 Selection, strongest first: pytest's ``--frost-profile NAME``, Hypothesis's own
 ``--hypothesis-profile NAME``, the environment variable ``FROST_FUZZ_PROFILE``
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 ENV = "FROST_FUZZ_PROFILE"
@@ -36,7 +39,7 @@ def _profiles() -> dict[str, dict]:
                    suppress_health_check=[HealthCheck.too_slow]),
         "dev": dict(max_examples=100, database=database, deadline=None, print_blob=True),
         "nightly": dict(max_examples=200, database=database, deadline=None, print_blob=True,
-                        suppress_health_check=_SLOW),
+                        suppress_health_check=_SLOW, phases=[p for p in Phase if p is not Phase.explain]),
     }  # fmt: skip
 
 

@@ -2,9 +2,14 @@
 
 Each row of ``fuzz-<worker>.jsonl`` (``frost_harness.reports.records.FUZZ_COLUMNS``) is one chunk: one
 Hypothesis run of a fuzz test under ``frost-fuzz`` with its seed, the examples it ran,
-its seconds and its outcome. Throughput is examples per minute of chunk time.
+its seconds and its outcome. Throughput is examples per minute of chunk time in the
+tables; ``throughput_lines`` gives the run's rate: checked examples (``frost_harness.fuzz.budget``:
+judged by their property, passing or failing) per minute of the fuzzing's wall-clock
+time, overall and per property, in lines that ``parse_throughput`` reads back.
 """
 from __future__ import annotations
+
+import re
 
 import pandas as pd
 
@@ -52,3 +57,39 @@ def failures(chunks: pd.DataFrame) -> pd.DataFrame:
         "seed": failed["seed"].astype(str), "failure": failed["failure"].map(lambda text: str(text).splitlines()[0]),
         "reproduce": failed["failure"].map(reproduce_line),
     }).reset_index(drop=True)  # fmt: skip
+
+
+def property_of(test_id: str) -> str:
+    """The property a fuzz test checks: ``...::test_identity_gpu[batch_permutation]`` ->
+    ``batch_permutation``, ``...::test_forward_matches_oracle_gpu`` -> ``forward_matches_oracle``."""
+    name = str(test_id).rsplit("::", 1)[-1]
+    if name.endswith("]"):
+        return name[name.index("[") + 1 : -1]
+    return name.removeprefix("test_").removesuffix("_gpu")
+
+
+def throughput_lines(chunks: pd.DataFrame, wall_seconds: float) -> list[str]:
+    """The run's checked examples per minute of ``wall_seconds`` (the fuzzing's wall-clock time, all
+    workers together), overall and per property (those add up to the overall rate), each property
+    also per minute of its own chunk time (one worker's rate while it ran)."""
+    minutes = max(wall_seconds, 1e-9) / 60
+    total = int(chunks["examples"].sum()) if not chunks.empty else 0
+    lines = [f"throughput overall: {total / minutes:.0f} checked examples/min "
+             f"({total} in {wall_seconds:.1f} s of fuzzing, every worker together)"]
+    if chunks.empty:
+        return lines
+    table = chunks.assign(property=chunks["test_id"].map(property_of)).groupby("property").agg(
+        examples=("examples", "sum"), seconds=("seconds", "sum"))
+    for name, row in table.sort_values("examples", ascending=False).iterrows():
+        per_worker = 60 * row.examples / row.seconds if row.seconds > 0 else 0.0
+        lines.append(f"throughput {name}: {row.examples / minutes:.0f} checked examples/min "
+                     f"({int(row.examples)} checked; {per_worker:.0f}/min per worker while it ran)")
+    return lines
+
+
+_THROUGHPUT = re.compile(r"throughput (?P<name>\S+): (?P<rate>\d+(?:\.\d+)?) checked examples/min")
+
+
+def parse_throughput(text: str) -> dict[str, float]:
+    """``{"overall": rate, property: rate, ...}`` from text holding ``throughput_lines``' lines."""
+    return {m["name"]: float(m["rate"]) for m in _THROUGHPUT.finditer(text)}

@@ -58,7 +58,7 @@ def write_run(folder: Path, meta: dict, *, plots: bool | None = None) -> list[Pa
         drift.to_csv(folder / "drift.csv", index=False)
         paths += [folder / "drift.csv", _write_drift(folder / "drift.md", drift, previous, meta["title"])]
     if not chunks.empty:
-        paths.append(_write_fuzz(folder / "fuzz.md", chunks, meta["title"]))
+        paths.append(_write_fuzz(folder / "fuzz.md", chunks, meta))
     judged = judge_run(folder, meta, df, chunks)
     meta = {**meta, "verdict": judged.headline, "problems": judged.problems}
     (folder / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
@@ -93,10 +93,15 @@ def _write_drift(path: Path, drift: pd.DataFrame, previous: Path, title: str) ->
     return path
 
 
-def _write_fuzz(path: Path, chunks: pd.DataFrame, title: str) -> Path:
+def _write_fuzz(path: Path, chunks: pd.DataFrame, meta: dict) -> Path:
+    # the runner's rates (frost_harness.fuzz.nightly): over the fuzzing's wall-clock time, prewarm not included
+    rates = fuzzlog.throughput_lines(chunks, meta["fuzz_s"]) if meta.get("fuzz_s") else []
+    prewarm = meta.get("prewarm")
+    facts = [f"- {line}" for line in rates] + ([f"- prewarm (before the budget): {prewarm}"] if prewarm else [])
     path.write_text(
-        f"# Fuzz: {title}\n\n{int(chunks['examples'].sum())} examples in {len(chunks)} chunks.\n\n"
-        f"## Per test\n\n{tables.markdown(fuzzlog.per_test(chunks))}\n"
+        f"# Fuzz: {meta['title']}\n\n{int(chunks['examples'].sum())} examples in {len(chunks)} chunks.\n\n"
+        + ("\n".join(facts) + "\n\n" if facts else "")
+        + f"## Per test\n\n{tables.markdown(fuzzlog.per_test(chunks))}\n"
         f"## Per worker and GPU\n\n{tables.markdown(fuzzlog.per_gpu(chunks))}\n"
         f"## Failing chunks\n\n{tables.markdown(fuzzlog.failures(chunks))}",
         encoding="utf-8",

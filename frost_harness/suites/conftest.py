@@ -15,7 +15,10 @@ the routing summary at the end of the run (also under pytest-xdist).
 told otherwise), gives each xdist worker its GPU and runs the ``frost-fuzz`` budget.
 Each test process gets a fresh, empty compile cache directory on disk
 (``FROST_CACHE_DIR``), so no test depends on what the user's cache holds and the
-compile suites really compile; tests about the disk cache point it elsewhere.
+compile suites really compile; tests about the disk cache point it elsewhere. The one
+exception is ``--frost-cache-dir DIR``: every process uses that cache (``frost-fuzz``
+passes the one it filled with the record pool's kernels, so its GPU workers load them
+instead of compiling: ``frost_harness.fuzz.prewarm``).
 """
 from __future__ import annotations
 
@@ -38,12 +41,18 @@ MARKERS = (
 _test_cache_dir: str | None = None
 
 
+def pytest_addoption(parser):
+    parser.addoption("--frost-cache-dir", default=None, metavar="DIR",
+                     help="the compile cache on disk of every test process (default: a fresh empty one each)")
+
+
 def pytest_configure(config):
     global _test_cache_dir
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    _test_cache_dir = tempfile.mkdtemp(prefix="frost-test-cache-")
-    os.environ["FROST_CACHE_DIR"] = _test_cache_dir
+    shared = config.getoption("frost_cache_dir", None)
+    _test_cache_dir = None if shared else tempfile.mkdtemp(prefix="frost-test-cache-")
+    os.environ["FROST_CACHE_DIR"] = os.path.abspath(shared) if shared else _test_cache_dir
     os.environ.pop("FROST_DISK_CACHE", None)  # the suites run with the disk cache on, wherever they run
 
 

@@ -12,6 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from frost_harness.fuzz import catalog
+from frost_harness.fuzz.identities import IDENTITIES
 from frost_harness.fuzz.strategies import cases
 from frost_harness.suites.harness import Case
 
@@ -21,14 +22,7 @@ pytestmark = pytest.mark.fuzz
 EMPTY = Case(batch=1, seqlen_q=0, seqlen_k=0, heads_q=1, heads_kv=1, head_dim_qk=1, bias="BH", scale=0.3)
 
 # property name -> the constraints its problems need
-DRAWS = {
-    "packed_equals_per_sequence_and_padded": {"layout": "thd"},
-    "gqa_equals_repeated_kv": {"heads": "grouped"},
-    "batch_permutation": {"min_batch": 2},
-    "sink_equals_zero_value_key": {"layout": "dense", "sinks": True},
-    "row_shift_changes_nothing": {"sinks": False},
-    "causal_prefix_ignores_later_keys": {"mask": "right_bounded"},
-}
+DRAWS = {name: identity.draws for name, identity in IDENTITIES.items()}
 
 
 @pytest.mark.L0

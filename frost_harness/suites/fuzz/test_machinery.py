@@ -265,11 +265,13 @@ def test_budget_shares_chunks_and_seeds():
         run.start_chunk()
         run.share_end = time.time() - 1.0  # spent before the first example: it still runs
         budget.example_started()
+        budget.example_finished()
         with pytest.raises(budget.ShareSpent):
             budget.example_started()
         budget.example_failed()  # after a failure the shrinker may replay: no stop
         budget.example_started()
-        assert run.examples == 2
+        budget.example_finished()
+        assert run.examples == 2 and run.examples_total == 2
     finally:
         budget.activate(None)
 

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from frost_harness.fuzz import devices, nightly
+from frost_harness.reports import fuzzlog
 
 pytestmark = pytest.mark.L0
 
@@ -57,8 +58,9 @@ def test_runner_arguments():
         -1].endswith("test_oracle.py")
 
 
-def test_two_workers_each_use_their_own_device(tmp_path):
-    """frost-fuzz end to end on the CPU with a fake device list: every worker's rows carry its device."""
+def test_two_workers_each_use_their_own_device(tmp_path, capsys):
+    """frost-fuzz end to end on the CPU with a fake device list: every worker's rows carry its device;
+    the summary's throughput lines parse and count the logged (checked) examples."""
     started = time.time()
     # 40 s: two workers start torch and collect on a 2-core machine that runs other tests beside
     # A fixed night seed: the default (today's date) would make CI search new ground every day.
@@ -80,6 +82,11 @@ def test_two_workers_each_use_their_own_device(tmp_path):
     assert set(cases["property"]) == {"forward_matches_oracle"}
     meta = json.loads((run / "run.json").read_text())
     assert meta["key"] == "fuzz-cpu" and meta["devices"] == "7,3" and meta["workers"] == 2
+    assert meta["prewarm"] is None and meta["pool"] is None and 0 < meta["fuzz_s"] <= meta["wall_s"]
+    rates = fuzzlog.parse_throughput(capsys.readouterr().out)
+    assert set(rates) == {"overall", "forward_matches_oracle", "routing_is_stable"}
+    assert rates["overall"] == pytest.approx(chunks["examples"].sum() / (meta["fuzz_s"] / 60), abs=1)
+    assert fuzzlog.parse_throughput((run / "fuzz.md").read_text()) == rates
     assert all((run / name).exists() for name in ("stats.csv", "fuzz.md", "report.html", "routing.md"))
 
     merged = tmp_path / "merged"
