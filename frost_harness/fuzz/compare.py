@@ -46,9 +46,12 @@ _SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def agree(got: Mapping, want: Mapping, reference: Mapping, baseline: Mapping, *, io_dtype: torch.dtype,
-          exclude: Mapping | None = None, exempt: Mapping[str, str] | None = None) -> dict[str, Verdict]:
+          exclude: Mapping | None = None, exempt: Mapping[str, str] | None = None,
+          slack: Mapping[str, torch.Tensor] | None = None) -> dict[str, Verdict]:
     """Verdicts of B (``got``) against A (``want``), one per output present in both and the reference;
-    ``exempt`` as in ``frost_harness.oracle.tolerance.check`` (the known limit of A's problem)."""
+    ``exempt`` as in ``frost_harness.oracle.tolerance.check`` (the known limit of A's problem).
+    ``slack``: per output, an absolute error per element that B's spelling adds by itself (its
+    outputs live at other magnitudes than A's), added to the allowance's deviations."""
     refs, bases, outs, unusable = {}, {}, {}, {}
     for name, x64 in reference.items():
         if x64 is None or got.get(name) is None or want.get(name) is None:
@@ -62,7 +65,10 @@ def agree(got: Mapping, want: Mapping, reference: Mapping, baseline: Mapping, *,
                                      note="the reference side is NaN or Inf where the truth is finite")
             continue
         refs[name] = torch.where(torch.isnan(x64), x64, a)
-        bases[name] = a + FACTOR * (baseline[name].to(device=x64.device, dtype=torch.float64) - x64)
+        deviation = FACTOR * (baseline[name].to(device=x64.device, dtype=torch.float64) - x64)
+        if slack and name in slack:  # the allowance reads only |base - reference|
+            deviation = deviation.abs() + slack[name].to(device=x64.device, dtype=torch.float64)
+        bases[name] = a + deviation
         outs[name] = got[name]
     return tolerance.check(outs, refs, bases, io_dtype=io_dtype, exclude=exclude, exempt=exempt) | unusable
 

@@ -52,6 +52,7 @@ class Side:
     back: Callable[[list[Outputs]], Outputs]  # the parts' outputs -> A's layout (absent names: not compared)
     exclude: dict[str, torch.Tensor] = field(default_factory=dict)  # per output: True = not compared
     bitwise_forward: bool = False  # o and lse must match bit for bit where compared
+    slack: dict[str, torch.Tensor] = field(default_factory=dict)  # per output: error B's spelling adds itself
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def check_identity(identity: Identity, case: Case, engine: str | None = None) ->
                     served.add(decision.engine)
                 mapped = side.back(got)
                 verdicts = compare.agree(mapped, want, reference, baseline, io_dtype=case.dtype, exclude=side.exclude,
-                                         exempt=exempt[direction])
+                                         exempt=exempt[direction], slack=side.slack)
                 error = _bit_mismatch(side, direction, mapped, want)
                 command = reproduce_command(identity.name, case, name)
                 compare.record(side.label, case, name, problem, verdicts, command, error)
@@ -395,7 +396,11 @@ def _shift_sides(case: Case, inputs: Inputs) -> list[Side]:
             out["dbias"] = _sum_to(parts[0]["dbias"], bias.shape)
         return out
 
-    return [Side("row-shift", [shifted], back)]
+    # B's lse is c + lse in float32: stored (and reduced) at |c|'s magnitude, it carries rounding of
+    # that size, which A's allowance (errors at |lse|) does not include. Two roundings there.
+    # (Found by the CPU fuzz: fp16, scale 0, lse = log 2 in A, |c| up to 64 in B: L2 ratio 1.09.)
+    slack = {"lse": 2 * torch.finfo(torch.float32).eps * (lse_shift.abs() + 1)}
+    return [Side("row-shift", [shifted], back, slack=slack)]
 
 
 # a causal prefix ignores later keys ------------------------------------------------
