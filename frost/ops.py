@@ -5,8 +5,8 @@ and ``frost::sdpa_backward`` (returns dq, dk, dv, dbias, dsinks). Each has a fak
 implementation that only derives output shapes, so ``torch.compile`` traces them
 without running an engine; the forward's autograd formula calls the backward op, so a
 compiled graph's backward is an op too. Eager calls of ``attention`` skip the operators
-(``_eager``): the same autograd formula calls the implementations directly. ``lse`` is an auxiliary output and carries no
-gradient.
+(``_eager``): the same autograd formula calls the implementations directly. ``lse`` is an
+auxiliary output and carries no gradient.
 
 Why they are registered by hand (``Library.define`` / ``impl``) and not with
 ``torch.library.custom_op``: measured on a CPU, custom_op's wrappers cost about 4x the
@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from frost import api
+from frost import api, plans
 from frost.api import CausalAlign
 from frost.problem import split_rope, split_window
 from frost.records import Options, Tensors
@@ -135,7 +135,6 @@ def _backward_fake(do, q, k, v, o, lse, bias, sinks, *rest):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_of(bias), grad_of(sinks)
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _NO_DOUBLE_BACKWARD = "frost::sdpa_backward: has no autograd formula (double backward is not supported)"
 
 
@@ -144,7 +143,7 @@ def _eager(q) -> bool:
     the operators exist to meet (torch.compile, fake tensors, functorch, tensor subclasses)."""
     return (
         not torch.compiler.is_compiling()  # first: dynamo folds it, and traces nothing after it
-        and type(q) in _PLAIN
+        and type(q) in plans.PLAIN
         and not torch._C._len_torch_dispatch_stack()
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()

@@ -36,7 +36,7 @@ from frost.problem import fill_seqlens, prepare_records
 from frost.records import Options, Tensors
 
 # Only plain tensors are keyed: a subclass may answer data_ptr() or stride() differently.
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 class _Uncacheable(Exception):
@@ -46,7 +46,7 @@ class _Uncacheable(Exception):
 def _tensor_key(x):
     if x is None:
         return None
-    if type(x) not in _PLAIN or x.layout is not torch.strided:
+    if type(x) not in PLAIN or x.layout is not torch.strided:
         raise _Uncacheable
     return x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0
 

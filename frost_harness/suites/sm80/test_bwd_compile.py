@@ -31,10 +31,7 @@ def _id(p) -> str:
     return type(p).__name__ + "-" + "-".join(str(v) for v in dataclasses.astuple(p))
 
 
-@pytest.fixture(autouse=True)
-def _cpu_target(monkeypatch):
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80")
+pytestmark = pytest.mark.usefixtures("cpu_target")
 
 
 @pytest.mark.L0

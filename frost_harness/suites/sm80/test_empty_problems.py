@@ -19,10 +19,7 @@ from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
 from frost.problem import prepare  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _cpu_target(monkeypatch):
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80")
+pytestmark = pytest.mark.usefixtures("cpu_target")
 
 
 class _Recorder:

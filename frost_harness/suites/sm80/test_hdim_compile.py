@@ -26,14 +26,8 @@ from frost.kernels.sm80.config import (
 )
 from frost.problem import Problem
 
-pytestmark = pytest.mark.L0
+pytestmark = [pytest.mark.L0, pytest.mark.usefixtures("cpu_target")]
 MASKS = dict(window_left=-1, window_right=0, bottom_right=False)
-
-
-@pytest.fixture(autouse=True)
-def _cpu_target(monkeypatch):
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80")
 
 
 @pytest.mark.parametrize("dims, flavor", [

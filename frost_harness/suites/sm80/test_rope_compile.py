@@ -35,10 +35,7 @@ def _id(p: RopeParams) -> str:
     return "-".join(str(v) for v in dataclasses.astuple(p))
 
 
-@pytest.fixture(autouse=True)
-def _cpu_target(monkeypatch):
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80")
+pytestmark = pytest.mark.usefixtures("cpu_target")
 
 
 @pytest.mark.L0
