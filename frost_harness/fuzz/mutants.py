@@ -5,7 +5,10 @@ its file) by a faulty one. They are the bugs a kernel author really writes: mask
 block-range off-by-ones on either side, a wrong bottom-right offset, a wrong GQA head map, a
 missing or doubled scale, a dropped or mis-signed sink term, wrong packed (THD) offsets or
 lengths, wrong lse / D rows, a wrong predicate on a partial head dim, a missing barrier or
-cp.async wait (a race), an accumulator never zeroed, a wrong dQ accumulator layout or turn.
+cp.async wait (a race), an accumulator never zeroed, a wrong dQ accumulator layout or turn;
+and in the newer kernels, a split group's partials combined short, a bias in the wrong units
+or read past its broadcast extent, dbias written past the sequence, a RoPE rotation with the
+wrong sign forward or back.
 
 ``equivalent`` holds the written argument when a mutant cannot change any output the
 contract defines (it is then left out of the score, not counted as a survivor).
@@ -201,6 +204,41 @@ CATALOGUE: tuple[Mutant, ...] = (
        "    return n_block - first\n",
        "    return n_block - first - 1\n",
        "ordered deterministic dQ takes its turn one key block early (a race)"),
+    # ---- split GQA groups (bwd_combine.py) ----------------------------------------------------
+    _m("combine-last-split", "gqa", "bwd_combine.py",
+       "for split in cutlass.range(mPart.shape[0], unroll=1):",
+       "for split in cutlass.range(mPart.shape[0] - 1, unroll=1):",
+       "a split group's dk and dv lose the last split's query heads"),
+    _m("combine-rows-per-pass", "block range", "bwd_combine.py",
+       "for step in cutlass.range_constexpr((ROWS + rows_per_pass - 1) // rows_per_pass):",
+       "for step in cutlass.range_constexpr(ROWS // rows_per_pass):",
+       "with 192-wide partials the last rows of each block are never written"),
+    _m("combine-head-dim-guard", "head dim", "bwd_combine.py",
+       "column_vector * VEC < mOut.shape[-1]",
+       "column_vector * VEC <= mOut.shape[-1]",
+       "a partial head dim writes one vector past its row (into the next head's dk / dv)"),
+    # ---- additive bias (bias.py) ---------------------------------------------------------------
+    _m("bias-units", "bias", "bias.py",
+       "acc_S_mn[r, c] * self.scale_log2 + value * LOG2_E",
+       "acc_S_mn[r, c] * self.scale_log2 + value",
+       "the bias is added in log2 units as if natural: o and lse off wherever the bias varies"),
+    _m("bias-broadcast-heads", "bias", "bias.py",
+       "cutlass.min(head, mBias.shape[1] - 1)",
+       "cutlass.min(head, mBias.shape[1])",
+       "a bias shared by all heads is read past its end for heads >= 1"),
+    _m("dbias-cols", "bias", "bias.py",
+       "                if row_valid and col < cols_left:",
+       "                if row_valid and col <= cols_left:",
+       "dbias gets a value one key past the sequence (a padded position that must stay 0)"),
+    # ---- RoPE pass (rope.py) ----------------------------------------------------------------------
+    _m("rope-inverse-sign", "rope", "rope.py",
+       "            sin = -sin\n",
+       "            sin = sin\n",
+       "dq and dk rotated forward again instead of back"),
+    _m("rope-second-half", "rope", "rope.py",
+       "rY[None, 1, h].store((x2 * cos + x1 * sin).to(DTYPE))",
+       "rY[None, 1, h].store((x2 * cos - x1 * sin).to(DTYPE))",
+       "the second half of each rotated row has the wrong sign of sin"),
 )
 
 
