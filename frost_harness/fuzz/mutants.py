@@ -20,6 +20,27 @@ from pathlib import Path
 
 K = "frost/kernels/sm80/"
 
+# Per fault family, a pytest -k expression over the GPU suites' test ids for the tests most likely
+# to kill such a mutant. They run first: a kill there costs only their compiles (every mutant
+# changes the template sources, so nothing it runs is in the disk cache); a mutant they miss
+# then runs the whole selection, so a focus can speed a kill up but never decide a survivor.
+FIRST_TESTS = {
+    "mask": "causal or window or bottom or br or edges",
+    "block range": "causal or window or bottom or br or edges",
+    "gqa": "gqa or mqa or split",
+    "scale": "test_fwd_sm80_matches_oracle or test_bwd_sm80_matches_oracle",
+    "sinks": "sinks",
+    "thd": "thd or packed",
+    "lse/D": "test_fwd_sm80_matches_oracle or test_bwd_sm80_matches_oracle",
+    "partial head dim": "every_dtype_and_flavor or hdim",
+    "head dim": "every_dtype_and_flavor or hdim",
+    "race": "test_fwd_sm80_matches_oracle or test_bwd_sm80_matches_oracle or bitwise",
+    "zeroing": "test_fwd_sm80_matches_oracle or test_bwd_sm80_matches_oracle",
+    "dq accumulator": "other_dq_reduce_width or deterministic",
+    "bias": "bias",
+    "rope": "rope",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Mutant:
@@ -30,6 +51,11 @@ class Mutant:
     replace: str
     why: str           # what a user would see
     equivalent: str | None = None
+
+    @property
+    def first_tests(self) -> str:
+        """The -k expression of the tests run first against this mutant (``FIRST_TESTS``)."""
+        return FIRST_TESTS[self.category]
 
     def apply(self, root: Path) -> None:
         """Write the faulty file under ``root`` (a copy of the repository, never the checkout)."""

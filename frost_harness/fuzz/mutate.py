@@ -7,7 +7,9 @@
 Each mutant of ``frost_harness.fuzz.mutants.CATALOGUE`` is applied to its own temporary copy of the
 packages ``frost`` and ``frost_harness``, from the checkout or from site-packages (which are never
 touched), and the chosen suites (paths relative to that copy's root) run against that copy with
-``-x``: a failing test kills the mutant (the first one is recorded), a run past ``--timeout``
+``-x``, the tests its fault family most likely fails first (``mutants.FIRST_TESTS``, a -k
+expression; the whole selection after them unless they kill it): a failing test kills the
+mutant (the first one is recorded), a run past ``--timeout``
 kills it as a hang, a clean pass is a survivor. Mutants with a written equivalence argument are
 listed but left out of the score. The unmutated tree runs first and must pass with tests
 executed, otherwise nothing is judged (a GPU-less machine would otherwise "kill" nothing and
@@ -68,8 +70,10 @@ def copy_tree(dest: Path, root: Path = invocation.ROOT) -> Path:
     return dest
 
 
-def run_suites(tree: Path, args) -> tuple[int | None, str, float]:
+def run_suites(tree: Path, args, select: str | None = None) -> tuple[int | None, str, float]:
+    """One pytest run of the chosen suites against ``tree`` (``select``: a -k expression)."""
     options = ["-m", args.marker, "-x", "-q"] + (["-n", str(args.workers)] if args.workers > 1 else [])
+    options += ["-k", select] if select else []
     cmd = invocation.pytest_command(options, [], [tree / suite for suite in args.suites], root=tree)
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     start = time.monotonic()
@@ -86,8 +90,13 @@ def judge(mutant: Mutant, args, scratch: Path) -> Outcome:
         return Outcome(mutant.name, mutant.category, "equivalent", detail=mutant.equivalent)
     tree = copy_tree(scratch / mutant.name)
     mutant.apply(tree)
-    returncode, output, seconds = run_suites(tree, args)
+    # the family's likeliest killers first; anything but a kill there runs the whole selection
+    returncode, output, seconds = run_suites(tree, args, select=mutant.first_tests)
     verdict, first = classify(returncode, output)
+    if verdict not in ("killed", "timed out"):
+        returncode, output, more = run_suites(tree, args)
+        verdict, first = classify(returncode, output)
+        seconds += more
     shutil.rmtree(tree, ignore_errors=True)
     return Outcome(mutant.name, mutant.category, verdict, first, round(seconds, 1), mutant.why)
 

@@ -117,3 +117,32 @@ def test_a_mutant_tree_is_the_two_packages_and_runs_its_own_suites(tmp_path, mon
     assert cmd[cmd.index("-c") + 1] == str(tree / "frost_harness" / "suites" / "runner.ini")
     assert f"--rootdir={tree}" in cmd and cmd[-1] == str(tree / "frost_harness" / "suites" / "sm80")
     assert ran["cwd"] == tree and ran["env"]["PYTHONPATH"].startswith(str(tree))
+
+
+@pytest.mark.L0
+def test_first_tests_speed_a_kill_but_never_decide_a_survivor(tmp_path, monkeypatch):
+    """Every family has its first tests; a kill there ends the judging, anything else (a pass, a
+    selection of no tests) runs the whole selection, which alone decides a survivor."""
+    from frost_harness.fuzz.mutants import FIRST_TESTS
+
+    assert {m.category for m in CATALOGUE} <= set(FIRST_TESTS)
+    runs = []
+    first = {"killed": (1, "FAILED a.py::t_first\n1 failed"), "passed": (0, "3 passed"),
+             "empty": (5, "no tests ran")}  # fmt: skip
+
+    def fake(tree, args, select=None):
+        runs.append(select)
+        if select:
+            return (*first[state], 1.0)
+        return 1, "FAILED b.py::t_full\n1 failed", 2.0
+
+    monkeypatch.setattr(mutate, "run_suites", fake)
+    monkeypatch.setattr(mutate, "copy_tree", lambda dest: dest)
+    monkeypatch.setattr(Mutant, "apply", lambda self, root: None)
+    mutant = next(m for m in CATALOGUE if m.category == "bias")
+    for state, want in (("killed", ("a.py::t_first", [FIRST_TESTS["bias"]])),
+                        ("passed", ("b.py::t_full", [FIRST_TESTS["bias"], None])),
+                        ("empty", ("b.py::t_full", [FIRST_TESTS["bias"], None]))):
+        runs.clear()
+        outcome = mutate.judge(mutant, None, tmp_path)
+        assert (outcome.verdict, outcome.killed_by, runs) == ("killed", want[0], want[1]), state
