@@ -65,6 +65,7 @@ class BiasSpec:
 
     shape: tuple[int, int, int, int]
     dtype: torch.dtype
+    unit_last_stride: bool = True  # whether keys are adjacent in memory (what the SM80 kernels read)
 
     @property
     def broadcast_batch(self) -> bool:
@@ -287,7 +288,8 @@ def _build(direction: str, t: Tensors, options: Options, extents: validation.Ext
         window_left=window_left,
         window_right=window_right,
         has_seqlens=t.seqlens_q is not None or t.seqlens_k is not None,
-        bias=BiasSpec(tuple(t.bias.shape), t.bias.dtype) if t.bias is not None else None,
+        bias=BiasSpec(tuple(t.bias.shape), t.bias.dtype, t.bias.shape[-1] <= 1 or t.bias.stride(-1) == 1)
+        if t.bias is not None else None,
         has_sinks=t.sinks is not None,
         has_rope=t.rope_cos is not None,
         deterministic=bool(options.deterministic),

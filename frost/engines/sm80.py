@@ -70,6 +70,8 @@ def sm80_decline(problem: Problem) -> str | None:
         return f"needs a positive scale, got {problem.scale}"
     if not problem.vector_aligned:
         return "needs 16-byte aligned rows (data pointers and all strides but the last a multiple of 8 elements)"
+    if problem.bias is not None and not problem.bias.unit_last_stride:
+        return "needs a bias whose last dimension has stride 1"
     if not _dsl_installed():
         return "nvidia-cutlass-dsl is not installed"
     return None
@@ -225,6 +227,21 @@ def _dbias_covered(problem: Problem) -> bool:
             and problem.window_right < 0 and min(problem.batch, problem.seqlen_q, problem.seqlen_k) > 0)
 
 
+_VECTORS = ("sinks", "seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
+
+
+def _unit_stride_vectors(t: Tensors) -> Tensors:
+    """The call's tensors with its 1-D vectors at unit stride: the kernels take them so
+    (compile.fake_vector), and a strided view (every other element of a buffer) is legal
+    input. They hold a few numbers each, so a copy costs nothing that matters."""
+    strided = {}
+    for name in _VECTORS:
+        x = getattr(t, name)
+        if x is not None and x.numel() > 1 and x.stride(0) != 1:
+            strided[name] = x.contiguous()
+    return dataclasses.replace(t, **strided) if strided else t
+
+
 def _vector_aligned(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(s % VECTOR_ELEMENTS == 0 for s in x.stride()[:-1]) and x.stride(-1) == 1
 
@@ -243,7 +260,7 @@ class _Sm80ForwardPlan(Plan):
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         from frost.kernels.sm80.compile import copy_rows, launch_fwd
 
-        p = self.problem
+        p, tensors = self.problem, _unit_stride_vectors(tensors)
         if self.rope is not None:  # the forward runs on q and k rotated into the workspace
             if workspace is None:
                 workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=tensors.q.device)
@@ -403,7 +420,7 @@ class _Sm80BackwardPlan(Plan):
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         from frost.kernels.sm80.compile import copy_rows, launch_bwd
 
-        p, t = self.problem, tensors
+        p, t = self.problem, _unit_stride_vectors(tensors)
         # dense: the chain writes every element (padded rows as zeros); packed tails must read as zeros
         grads = Grads(*out) if out is not None else allocate_backward(p, t, zero=p.layout == "thd")
         if workspace is None:

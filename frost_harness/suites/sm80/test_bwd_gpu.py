@@ -290,3 +290,29 @@ def test_bwd_sm80_bias_deterministic_is_bitwise_stable_over_20_runs(name, bias_i
         for name_, a, b in zip(("dq", "dk", "dv", "dbias"), first, again):
             assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), (
                 f"{name_} differs between runs")
+
+
+@pytest.mark.L0
+def test_strided_vectors_are_served_like_contiguous_ones():
+    """Sinks, seqlens and cu_seqlens given as strided views (legal input) reach the kernels, which
+    read them at unit stride, as the same values: both directions equal the contiguous call."""
+    gen = torch.Generator().manual_seed(3)
+
+    def every_other(x):  # a view of x with stride 2 over a buffer twice its length
+        return torch.stack([x, torch.full_like(x, 7)], dim=-1)[..., 0]
+
+    q, k, v, do = (torch.randn(37, 4, 64, generator=gen).to("cuda", torch.bfloat16) for _ in range(4))
+    cu = torch.tensor([0, 11, 11, 37], dtype=torch.int32, device="cuda")
+    sinks = torch.randn(4, generator=gen).to("cuda")
+    given = dict(cu_seqlens_q=every_other(cu), cu_seqlens_k=every_other(cu), sinks=every_other(sinks))
+    assert given["sinks"].stride(0) == 2 and given["cu_seqlens_q"].stride(0) == 2
+    want = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, sinks=sinks)
+    results = []
+    for kw in (given, want):
+        mark = ledger.mark()
+        o, lse = frost.sdpa_forward(q, k, v, causal=True, **kw)
+        grads = frost.sdpa_backward(do, q, k, v, o, lse, causal=True, **kw)
+        assert {d.engine for d in ledger.since(mark)} == {"sdpa_fwd_sm80", "sdpa_bwd_sm80"}
+        results.append((o, lse, grads.dq, grads.dk, grads.dv, grads.dsinks))
+    for got, expect in zip(*results):
+        assert torch.equal(got, expect)

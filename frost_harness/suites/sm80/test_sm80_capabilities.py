@@ -48,6 +48,7 @@ def _problem(engine, *, hq=4, hkv=4, dqk=64, dv=None, dtype=torch.bfloat16, devi
         (dict(dqk=72), dict(dqk=68), "not a multiple of 8"),
         (dict(dqk=64, dv=40), dict(dqk=64, dv=36), "not a multiple of 8"),
         (dict(scale=0.1), dict(scale=-0.1), "positive scale"),
+        (dict(bias=torch.zeros(1, 4, 16, 16)), dict(bias=torch.zeros(1, 4, 16, 32)[..., ::2]), "stride 1"),
         (dict(hq=8, hkv=2), dict(q=torch.randn(2, 16, 4, 68, dtype=torch.bfloat16)[..., :64]), "16-byte aligned"),
     ],
 )
