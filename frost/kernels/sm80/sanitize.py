@@ -8,7 +8,9 @@ One small problem (one or two tiles each way, so block edges and partial tiles o
 feature of the engines' rows: dense, strided views, causal top-left and bottom-right both ways,
 windows, padding, packed sequences with empty ones, GQA and MQA (split over CTAs), sinks,
 partial head dims, fp16 and bf16, the d64 and d128 flavors and the wide ones (d192x128, d256),
-RoPE (its pass: dense with 8-byte accesses, packed, padded). Each runs the forward, the backward in the
+RoPE (its pass: dense with 8-byte accesses, packed, padded), an additive bias (broadcast and
+not, float32 and io dtype, dense, padded, packed; GQA and MQA problems this small split their
+groups, so bwd_combine runs too). Each runs the forward, the backward in the
 default mode, and the deterministic mode both ways (ordered dQ, the default, and the dQ
 recompute pass).
 The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
@@ -52,6 +54,11 @@ FEATURES = {
     "rope_d72": ((2, 130, 120, 4, 2, 72, 40), dict(rope=True, causal=True), "dense"),
     "rope_packed": ((3, 160, 150, 4, 2, 128, 128), dict(rope=True, window=(40, 7)), "packed"),
     "rope_padded": ((2, 200, 190, 4, 1, 64, 64), dict(rope=True), "padded"),
+    # bias: broadcast over the batch (dbias reduced; deterministic: per-(b, h) partials), full
+    # shape (dS stored once) on padded rows, and an io-dtype bias broadcast both ways, packed
+    "bias_1H": ((2, 130, 150, 4, 2, 64, 64), dict(bias="1H", causal=True), "dense"),
+    "bias_BH_padded": ((2, 200, 190, 2, 2, 128, 128), dict(bias="BH", window=(37, 5)), "padded"),
+    "bias_11_packed_io": ((3, 160, 150, 4, 2, 64, 64), dict(bias="11", bias_io=True), "packed"),
 }
 MODES = ("default", "deterministic", "recompute")  # deterministic: dQ reduced in order; recompute: bwd_dq
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
@@ -86,6 +93,12 @@ def _inputs(name: str, gen: torch.Generator, device: str) -> tuple[dict, dict]:
                         seqlens_k=torch.tensor(_PADDED_K, dtype=torch.int32, device=device))
     if keywords.pop("sinks", False):
         keywords["sinks"] = torch.randn(hq, generator=gen).to(device)
+    broadcast = keywords.pop("bias", None)  # "BH", "1H", "B1" or "11": which dims the bias has
+    if broadcast:  # packed: the bias covers the longest sequences
+        rows, cols = (max(_PACKED_Q), max(_PACKED_K)) if form == "packed" else (sq, sk)
+        shape = (b if broadcast[0] == "B" else 1, hq if broadcast[1] == "H" else 1, rows, cols)
+        bias_dtype = dtype if keywords.pop("bias_io", False) else torch.float32
+        keywords["bias"] = torch.randn(*shape, generator=gen).to(device, bias_dtype)
     if keywords.pop("rope", False):  # tables exactly as long as the padded extents
         angles = torch.rand(max(sq, sk), dqk // 2, generator=gen) * 100
         keywords["rope"] = (angles.cos().to(device), angles.sin().to(device))
@@ -109,10 +122,11 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
         call = dict(keywords, deterministic=mode != "default")
         if mode == "recompute":
             problem, tensors = prepare("backward", t["q"], t["k"], t["v"], o=o, lse=lse, do=t["do"], **call)
-            dq, dk, dv, _, dsinks = Sm80Backward(ordered_dq=False).compile(problem).execute(tensors)
+            dq, dk, dv, dbias, dsinks = Sm80Backward(ordered_dq=False).compile(problem).execute(tensors)
         else:
-            dq, dk, dv, _, dsinks = frost.sdpa_backward(t["do"], t["q"], t["k"], t["v"], o, lse, engine=engine, **call)
-        problems += _non_finite(name, mode, dq=dq, dk=dk, dv=dv, dsinks=dsinks)
+            dq, dk, dv, dbias, dsinks = frost.sdpa_backward(t["do"], t["q"], t["k"], t["v"], o, lse, engine=engine,
+                                                            **call)  # fmt: skip
+        problems += _non_finite(name, mode, dq=dq, dk=dk, dv=dv, dbias=dbias, dsinks=dsinks)
     return problems
 
 
