@@ -8,8 +8,9 @@ that takes the same positional torch tensors and Python scalars as the in-memory
 
 The key is everything that changes the bytes: the DSL version, the target architecture
 the artifact was built for, the template name, the params record (its repr), a digest
-of the template sources (every .py under frost/kernels/sm80/ plus template.py), so any
-edit to a template invalidates every entry built from the old text, and the DSL's own
+of the sources the artifact is built from (the template, every frost/kernels module it
+imports, transitively, and the builders: compile.py, config.py, template.py), so an edit
+invalidates every entry built from the old text and no other, and the DSL's own
 compile-affecting settings (CUTE_DSL_DEBUG, _LINEINFO, _ENABLE_ASSERTIONS, ...). The host CPU
 architecture is in it too: the object's host side is native code for the machine that
 built it.
@@ -23,6 +24,7 @@ rewrites it), never an error.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -73,13 +75,39 @@ def dsl_settings() -> str:
         return ""
 
 
-@functools.lru_cache(maxsize=1)
-def sources_digest() -> str:
-    """SHA-256 over the template sources (relative path and bytes of each, in a fixed order)."""
-    files = sorted(p for p in (_KERNELS / "sm80").rglob("*.py") if "__pycache__" not in p.parts)
-    files.append(_KERNELS / "template.py")
+# what builds every artifact, whatever the template: the fake arguments and options
+# (compile.py), the records' derived facts (config.py), the template loader
+_BUILDERS = ("sm80/compile.py", "sm80/config.py", "template.py")
+
+
+def _kernel_imports(path: Path) -> set[Path]:
+    """The modules of frost/kernels that ``path`` imports (``from frost.kernels.sm80 import x``,
+    ``from frost.kernels.sm80.x import ...``, ``import frost.kernels.x``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("frost.kernels"):
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names if alias.name.startswith("frost.kernels"))
+    found = (_KERNELS / (name.removeprefix("frost.kernels.").replace(".", "/") + ".py") for name in names)
+    return {f for f in found if f.is_file()}
+
+
+@functools.lru_cache(maxsize=None)
+def sources_digest(template: str) -> str:
+    """SHA-256 over the sources an artifact of ``template`` (e.g. ``"sm80/fwd"``) is built from:
+    the template, every kernels module it imports (transitively), and the builders (relative
+    path and bytes of each, in a fixed order). A change elsewhere (another template, the
+    sanitizer grid, the params space) leaves its entries valid."""
+    seen, todo = set(), [_KERNELS / f"{template}.py", *(_KERNELS / b for b in _BUILDERS)]
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo.extend(_kernel_imports(path) - seen)
     digest = hashlib.sha256()
-    for path in files:
+    for path in sorted(seen):
         digest.update(path.relative_to(_KERNELS).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
@@ -88,7 +116,7 @@ def sources_digest() -> str:
 def entry_key(template: str, params: Hashable, arch: str) -> dict[str, str]:
     return {
         "dsl": dsl_version(), "arch": arch, "host": platform.machine(), "template": template,
-        "params": repr(params), "sources": sources_digest(), "settings": dsl_settings(),
+        "params": repr(params), "sources": sources_digest(template), "settings": dsl_settings(),
     }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -128,7 +129,7 @@ def test_the_key_names_sources_and_dsl_version(stored, monkeypatch):
     for name, value in (("sources_digest", "0" * 64), ("dsl_version", "4.8.1.post9"),
                         ("dsl_settings", disk_cache.dsl_settings().replace("debug=False", "debug=True"))):
         with monkeypatch.context() as m:
-            m.setattr(disk_cache, name, lambda: value)
+            m.setattr(disk_cache, name, lambda *args, value=value: value)
             cache = CompileCache("t")
             _get(cache)
             assert (cache.compiles, cache.loads) == (1, 0), name
@@ -310,3 +311,33 @@ def test_the_in_memory_key_names_the_arch(monkeypatch):
     b = sm80_compile.compile_record(CONVERT, "sm_90")
     assert a is not b
     assert ("sm80/bwd_convert", CONVERT, "sm_90") in sm80_compile.BWD_CACHE.keys()
+
+
+@pytest.mark.L0
+def test_a_source_change_invalidates_exactly_the_templates_built_from_it(tmp_path, monkeypatch):
+    """An entry's sources digest covers its template, the kernels modules it imports and the
+    builders: editing one template leaves the others' entries valid, editing a shared module or
+    a builder invalidates every template that uses it."""
+    kernels = tmp_path / "kernels"
+    shutil.copytree(disk_cache._KERNELS, kernels, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(disk_cache, "_KERNELS", kernels)
+    templates = ("sm80/fwd", "sm80/bwd", "sm80/bwd_combine", "sm80/rope")
+
+    def digests():
+        disk_cache.sources_digest.cache_clear()
+        return {t: disk_cache.sources_digest(t) for t in templates}
+
+    def edit(relative):
+        path = kernels / relative
+        path.write_text(path.read_text() + "\n# edited\n")
+
+    before = digests()
+    edit("sm80/bwd_combine.py")
+    after = digests()
+    assert [t for t in templates if after[t] != before[t]] == ["sm80/bwd_combine"]
+    edit("sm80/mask.py")  # the forward and the backward use it, the others do not
+    again = digests()
+    assert [t for t in templates if again[t] != after[t]] == ["sm80/fwd", "sm80/bwd"]
+    edit("sm80/compile.py")  # a builder: every template
+    assert all(value != again[t] for t, value in digests().items())
+    disk_cache.sources_digest.cache_clear()
