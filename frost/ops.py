@@ -138,12 +138,12 @@ def _backward_fake(do, q, k, v, o, lse, bias, sinks, *rest):
 _NO_DOUBLE_BACKWARD = "frost::sdpa_backward: has no autograd formula (double backward is not supported)"
 
 
-def _eager(q) -> bool:
+def _eager(q, k, v) -> bool:
     """Whether this call may skip the dispatcher: plain tensors, no mode or transform that
     the operators exist to meet (torch.compile, fake tensors, functorch, tensor subclasses)."""
     return (
         not torch.compiler.is_compiling()  # first: dynamo folds it, and traces nothing after it
-        and type(q) in plans.PLAIN
+        and type(q) in plans.PLAIN and type(k) in plans.PLAIN and type(v) in plans.PLAIN
         and not torch._C._len_torch_dispatch_stack()
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()
@@ -240,7 +240,7 @@ def attention(
         )  # fmt: skip
         raise
     args = (q, k, v, bias, sinks, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k, rope_cos, rope_sin, settings)
-    if not _eager(q):
+    if not _eager(q, k, v):
         return _FORWARD(*args)[0]
     if torch.is_grad_enabled() and torch._C._any_requires_grad(q, k, v, bias, sinks):
         return _Attention.apply(True, *args)[0]

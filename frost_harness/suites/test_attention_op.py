@@ -200,7 +200,7 @@ def test_eager_attention_skips_the_operators(monkeypatch):
     q, k, v, keywords = _differentiable(inputs)
     leaves = (q, k, v, keywords["bias"], keywords["sinks"])
     with monkeypatch.context() as traced:
-        traced.setattr(frost.ops, "_eager", lambda q: False)  # what torch.compile or a mode would see
+        traced.setattr(frost.ops, "_eager", lambda *tensors: False)  # what torch.compile or a mode would see
         through_ops = torch.autograd.grad(frost.attention(q, k, v, **keywords), leaves, inputs.do)
 
     def refuse(*args):
@@ -211,6 +211,25 @@ def test_eager_attention_skips_the_operators(monkeypatch):
     direct = torch.autograd.grad(frost.attention(q, k, v, **keywords), leaves, inputs.do)
     for got, want in zip(direct, through_ops):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    monkeypatch.setattr(frost.ops, "_eager", lambda q: False)
+    monkeypatch.setattr(frost.ops, "_eager", lambda *tensors: False)
     with pytest.raises(AssertionError, match="reached a frost operator"):
         frost.attention(q, k, v, **keywords)
+
+
+@pytest.mark.L0
+def test_a_tensor_subclass_goes_through_the_operators(monkeypatch):
+    """Only plain q, k and v skip the operators: a subclass anywhere among them (its
+    ``__torch_function__`` may need to see the op) takes the operator path."""
+    inputs = make_inputs(OP_CASES["dense-gqa-causal"])
+    q, k, v, keywords = _differentiable(inputs)
+
+    class Marked(torch.Tensor):
+        pass
+
+    paths = []
+    apply = frost.ops._Attention.apply
+    monkeypatch.setattr(frost.ops._Attention, "apply", lambda direct, *args: paths.append(direct) or apply(direct, *args))
+    plain = frost.attention(q, k, v, **keywords)
+    marked = frost.attention(q, k.as_subclass(Marked), v, **keywords)
+    assert paths == [True, False]
+    torch.testing.assert_close(marked.as_subclass(torch.Tensor), plain, rtol=0, atol=0)
