@@ -311,7 +311,8 @@ def run_backward(
     return frost.Grads(*(None if x is None else x.body for x in grads)), decision
 
 
-def _bits_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+def bits_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether two outputs hold the same bits (both absent counts as equal)."""
     return a is None or torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
@@ -347,7 +348,7 @@ def check(case: Case, *, engine: str | None = None, directions=("forward", "back
             failures = _tail_writes(case, inputs, grads._asdict())
             if case.deterministic:
                 again, _ = run_backward(inputs, o_ref, lse_ref, engine=engine, deterministic=True)
-                if not all(_bits_equal(a, b) for a, b in zip(grads, again)):
+                if not all(bits_equal(a, b) for a, b in zip(grads, again)):
                     failures.append("deterministic=True: two backward runs differ in their bits")
             _record(result, direction, verdicts, failures, engine)
     except Exception as error:
