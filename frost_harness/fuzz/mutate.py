@@ -14,6 +14,10 @@ kills it as a hang, a clean pass is a survivor. Mutants with a written equivalen
 listed but left out of the score. The unmutated tree runs first and must pass with tests
 executed, otherwise nothing is judged (a GPU-less machine would otherwise "kill" nothing and
 let every mutant survive on skips). Results go to ``<out>/mutants.json`` and ``mutants.md``.
+
+A catalogue run can be split over several sessions: ``--stop-after`` ends a run at a wall-clock
+deadline (mutants it cuts are listed as not run, never as hangs), and ``--resume`` takes a
+previous run's ``mutants.json``, keeps its verdicts and judges only the mutants it did not.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,6 +75,12 @@ def copy_tree(dest: Path, root: Path = invocation.ROOT) -> Path:
     return dest
 
 
+def _time_left(args) -> float:
+    """Seconds this run may still spend on one pytest run: the per-mutant limit or the deadline."""
+    deadline = getattr(args, "deadline", None)
+    return args.timeout if deadline is None else min(args.timeout, deadline - time.monotonic())
+
+
 def run_suites(tree: Path, args, select: str | None = None) -> tuple[int | None, str, float]:
     """One pytest run of the chosen suites against ``tree`` (``select``: a -k expression)."""
     options = ["-m", args.marker, "-x", "-q"] + (["-n", str(args.workers)] if args.workers > 1 else [])
@@ -77,12 +88,23 @@ def run_suites(tree: Path, args, select: str | None = None) -> tuple[int | None,
     cmd = invocation.pytest_command(options, [], [tree / suite for suite in args.suites], root=tree)
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     start = time.monotonic()
-    try:
-        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=args.timeout)
-        return done.returncode, done.stdout + done.stderr, time.monotonic() - start
-    except subprocess.TimeoutExpired as expired:
-        out = (expired.stdout or b"").decode(errors="replace") if isinstance(expired.stdout, bytes) else (expired.stdout or "")
-        return None, out, time.monotonic() - start
+    # its own process group: a hang is killed with its xdist workers, which would otherwise go on
+    # spinning on the GPU beside the next mutants
+    with subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        try:
+            output, _ = proc.communicate(timeout=max(_time_left(args), 1))
+            returncode = proc.returncode
+        except subprocess.TimeoutExpired:
+            returncode = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if returncode is None:
+            output, _ = proc.communicate()
+    return returncode, output or "", time.monotonic() - start
 
 
 def judge(mutant: Mutant, args, scratch: Path) -> Outcome:
@@ -98,7 +120,18 @@ def judge(mutant: Mutant, args, scratch: Path) -> Outcome:
         verdict, first = classify(returncode, output)
         seconds += more
     shutil.rmtree(tree, ignore_errors=True)
+    if verdict == "timed out" and getattr(args, "deadline", None) is not None and _time_left(args) <= 1:
+        # the run's deadline cut it, not the mutant's own limit: nothing was learned about it
+        return Outcome(mutant.name, mutant.category, "not run", "", round(seconds, 1), "cut by --stop-after")
     return Outcome(mutant.name, mutant.category, verdict, first, round(seconds, 1), mutant.why)
+
+
+def load_previous(path: str | None) -> dict[str, Outcome]:
+    """The judged outcomes (not those left unrun) of an earlier run's ``mutants.json``."""
+    if not path:
+        return {}
+    rows = json.loads(Path(path).read_text())
+    return {row["mutant"]: Outcome(**row) for row in rows if row["verdict"] != "not run"}
 
 
 def score(outcomes: list[Outcome]) -> tuple[int, int]:
@@ -138,6 +171,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or f"frost-out/mutate-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: start no mutant after this; the rest are listed as not run")
+    parser.add_argument("--stop-after", type=float, default=None,
+                        help="seconds: stop running mutants then and list them as not run (never as hangs)")
+    parser.add_argument("--resume", metavar="JSON",
+                        help="an earlier run's mutants.json: its verdicts are kept and only the rest judged")
     parser.add_argument("--baseline-log", metavar="LOG",
                         help="a pytest log of these suites (or a superset) on this tree, run just before: "
                              "judged instead of running the unmutated suites again")
@@ -149,12 +186,14 @@ def main(argv=None) -> int:
     invocation.require_extra("frost-mutate")
     invocation.check_suites("frost-mutate")
     chosen = [m for m in CATALOGUE if not args.only or m.name in args.only.split(",")]
+    previous = load_previous(args.resume)
     import torch
 
     if not torch.cuda.is_available():
         print("frost-mutate: the suites it runs need a CUDA device and none is available", file=sys.stderr)
         return 2
     start = time.monotonic()
+    args.deadline = None if args.stop_after is None else start + args.stop_after
     with tempfile.TemporaryDirectory(prefix="frost-mutate-") as scratch:
         if args.baseline_log:
             returncode, output, seconds = 0, Path(args.baseline_log).read_text(errors="replace"), 0.0
@@ -166,11 +205,17 @@ def main(argv=None) -> int:
             print(f"frost-mutate: the unmutated suites must pass first (exit {returncode}):\n{output[-3000:]}",
                   file=sys.stderr)
             return 2
-        print(f"baseline passed in {seconds:.0f}s; judging {len(chosen)} mutants, {args.jobs} at once", flush=True)
+        todo = [m for m in chosen if m.name not in previous]
+        print(f"baseline passed in {seconds:.0f}s; judging {len(todo)} mutants ({len(chosen) - len(todo)} kept "
+              f"from --resume), {args.jobs} at once", flush=True)
 
         def judge_in_budget(mutant: Mutant) -> Outcome:
+            if mutant.name in previous:
+                return previous[mutant.name]
             if args.budget is not None and time.monotonic() - start > args.budget:
                 return Outcome(mutant.name, mutant.category, "not run", detail="past --budget")
+            if args.deadline is not None and _time_left(args) <= 1:
+                return Outcome(mutant.name, mutant.category, "not run", detail="past --stop-after")
             return judge(mutant, args, Path(scratch))
 
         outcomes = []

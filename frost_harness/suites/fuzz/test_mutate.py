@@ -105,11 +105,22 @@ def test_a_mutant_tree_is_the_two_packages_and_runs_its_own_suites(tmp_path, mon
     assert (tree / CATALOGUE[0].path).read_text() == (ROOT / CATALOGUE[0].path).read_text()
     ran = {}
 
-    def fake_run(cmd, **kwargs):
-        ran.update(cmd=cmd, **kwargs)
-        return mutate.subprocess.CompletedProcess(cmd, 0, "1 passed", "")
+    class FakePopen:
+        def __init__(self, cmd, **kwargs):
+            ran.update(cmd=cmd, **kwargs)
+            self.pid, self.returncode = -1, 0
 
-    monkeypatch.setattr(mutate.subprocess, "run", fake_run)
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def communicate(self, timeout=None):
+            return "1 passed", None
+
+    monkeypatch.setattr(mutate.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(mutate.os, "killpg", lambda pid, sig: None)
     args = mutate.main.__globals__["argparse"].Namespace(marker="L0 and gpu", suites=["frost_harness/suites/sm80"],
                                                          workers=1, timeout=5)  # fmt: skip
     assert mutate.run_suites(tree, args)[:2] == (0, "1 passed")
@@ -117,6 +128,7 @@ def test_a_mutant_tree_is_the_two_packages_and_runs_its_own_suites(tmp_path, mon
     assert cmd[cmd.index("-c") + 1] == str(tree / "frost_harness" / "suites" / "runner.ini")
     assert f"--rootdir={tree}" in cmd and cmd[-1] == str(tree / "frost_harness" / "suites" / "sm80")
     assert ran["cwd"] == tree and ran["env"]["PYTHONPATH"].startswith(str(tree))
+    assert ran["start_new_session"]  # a hang is killed with its workers
 
 
 @pytest.mark.L0
@@ -146,3 +158,51 @@ def test_first_tests_speed_a_kill_but_never_decide_a_survivor(tmp_path, monkeypa
         runs.clear()
         outcome = mutate.judge(mutant, None, tmp_path)
         assert (outcome.verdict, outcome.killed_by, runs) == ("killed", want[0], want[1]), state
+
+
+@pytest.mark.L0
+def test_a_hang_is_killed_with_its_process_group_and_a_deadline_cut_is_not_a_verdict(tmp_path, monkeypatch):
+    """A run past its limit kills every process of its group; one cut by --stop-after is 'not run'
+    (nothing was learned), never 'timed out', which would count as a kill."""
+    import sys
+    import time
+
+    script = tmp_path / "hang.py"  # a parent whose child outlives it unless the group is killed
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    script.write_text(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}])\ntime.sleep(60)\n")
+    monkeypatch.setattr(mutate.invocation, "pytest_command", lambda *a, **k: [sys.executable, str(script)])
+    killed = []
+    real_killpg = mutate.os.killpg
+    monkeypatch.setattr(mutate.os, "killpg", lambda pid, sig: (killed.append(pid), real_killpg(pid, sig)))
+    args = mutate.main.__globals__["argparse"].Namespace(marker="gpu", suites=["x"], workers=1, timeout=3.0,
+                                                         deadline=None)  # fmt: skip
+    returncode, _, seconds = mutate.run_suites(tmp_path, args)
+    assert returncode is None and 2.5 < seconds < 30 and killed
+    child_pid = int(pid_file.read_text())
+    for _ in range(50):  # the child, in the killed group too, is gone (or a zombie awaiting its reaper)
+        status = Path(f"/proc/{child_pid}/status")
+        if not status.exists() or "\tZ" in status.read_text():
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the hung run's child survived the kill")
+
+    monkeypatch.setattr(mutate, "copy_tree", lambda dest: dest)
+    monkeypatch.setattr(Mutant, "apply", lambda self, root: None)
+    monkeypatch.setattr(mutate, "run_suites", lambda tree, a, select=None: (None, "", 1.0))
+    args.deadline = time.monotonic()  # reached
+    assert mutate.judge(CATALOGUE[0], args, tmp_path).verdict == "not run"
+    args.deadline = None
+    assert mutate.judge(CATALOGUE[0], args, tmp_path).verdict == "timed out"
+
+
+@pytest.mark.L0
+def test_resume_keeps_judged_verdicts_only(tmp_path):
+    rows = [mutate.Outcome("a", "mask", "killed", "t::x"), mutate.Outcome("b", "mask", "not run"),
+            mutate.Outcome("c", "race", "survived")]
+    path = tmp_path / "mutants.json"
+    path.write_text(mutate.json.dumps([mutate.dataclasses.asdict(o) for o in rows]))
+    kept = mutate.load_previous(str(path))
+    assert sorted(kept) == ["a", "c"] and kept["a"].killed_by == "t::x"
+    assert mutate.load_previous(None) == {}
