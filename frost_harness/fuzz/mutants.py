@@ -20,10 +20,11 @@ from pathlib import Path
 
 K = "frost/kernels/sm80/"
 
-# Per fault family, a pytest -k expression over the GPU suites' test ids for the tests most likely
-# to kill such a mutant. They run first: a kill there costs only their compiles (every mutant
-# changes the template sources, so nothing it runs is in the disk cache); a mutant they miss
-# then runs the whole selection, so a focus can speed a kill up but never decide a survivor.
+# The tests most likely to kill a mutant, as a pytest -k expression over the GPU suites' test ids:
+# per mutant (``FOCUS``, a handful of tests, so that a kill costs only their few compiles: every
+# mutant changes template sources, so nothing it runs is in the disk cache), else per fault family
+# (``FIRST_TESTS``). They run first, in one process; a mutant they miss then runs the whole
+# selection, so a focus can speed a kill up but never decide a survivor.
 FIRST_TESTS = {
     "mask": "causal or window or bottom or br or edges",
     "block range": "causal or window or bottom or br or edges",
@@ -41,6 +42,57 @@ FIRST_TESTS = {
     "rope": "rope",
 }
 
+_FWD, _BWD = "test_fwd_sm80_matches_oracle and ", "test_bwd_sm80_matches_oracle and "
+_EDGES = "(edge_window or edge_br or causal-torch)"
+FOCUS = {
+    "mask-right-edge": _FWD + "causal-torch",
+    "mask-left-edge": _FWD + "window_left",
+    "mask-seqlen-k": _FWD + "(padding-torch or edge_lengths)",
+    "mask-rows": _BWD + "(padding-torch or edge_lengths)",
+    "bottom-right-offset": _FWD + "(causal_br_sq_gt_sk or causal_br_sq_lt_sk)",
+    "n-range-right": _FWD + _EDGES,
+    "n-range-left": _FWD + "(edge_window or window_left or window_both)",
+    "m-range-right": _BWD + _EDGES,
+    "m-range-left": _BWD + "(edge_window or window_left or window_both)",
+    "needs-mask-right": _FWD + _EDGES,
+    "needs-mask-left": _FWD + "(edge_window or window_left or window_both)",
+    "needs-mask-seqlen": _FWD + "(padding-torch or edge_lengths or edge_thd)",
+    "fwd-gqa-map": _FWD + "(gqa-torch or thd_causal_gqa)",
+    "bwd-gqa-map": _BWD + "(gqa-torch or thd_causal_gqa)",
+    "bwd-dq-gqa-map": "test_bwd_sm80_recompute_deterministic_matches_oracle and gqa",
+    "dk-scale-missing": _BWD + "dense",
+    "dq-convert-scale-missing": _BWD + "dense",
+    "dq-det-scale-doubled": "test_bwd_sm80_recompute_deterministic_matches_oracle and (gqa or window_left)",
+    "fwd-scale-log2": _FWD + "dense",
+    "sink-dropped": _FWD + "(sinks-torch or large_logits_sinks)",
+    "dsink-sign": _BWD + "(sinks-torch or large_logits_sinks) and not window_zero_sinks",  # that one: strict xfail
+    "thd-seqlen-k": _FWD + "(thd_causal_gqa or thd_br_window_sinks or edge_thd)",
+    "thd-lse-offset": _BWD + "(thd_causal_gqa or thd_br_window_sinks or edge_thd)",
+    "thd-accum-slab": _BWD + "(thd-torch or edge_thd or thd_causal_gqa)",
+    "lse2-no-log2e": _BWD + "dense",
+    "row-stats-edge": _BWD + "(padding-torch or edge_lengths or edge_thd or padding_causal_br)",
+    "d-padded-rows": _BWD + "(padding-torch or edge_lengths or padding_causal_br)",
+    "hdim-predicate": _FWD + "(causal_br_sq_lt_sk or edge_window_129 or edge_lengths)",
+    "store-rows-edge": _FWD + "(edge_lengths or padding-torch or edge_thd or single_row)",
+    "bwd-pds-barrier": "test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs or " + _BWD + "dense",
+    "fwd-v-wait": _FWD + "(dense or causal-torch or window_right)",
+    "bwd-dq-k-barrier": "test_bwd_sm80_recompute_deterministic_matches_oracle and (causal or gqa or mqa)",
+    "accum-zero-last-block": _BWD + "(dense or thd-torch or edge_thd)",
+    "fwd-acc-o-unzeroed": _FWD + "dense",
+    "dp-unzeroed": _BWD + "dense",
+    "dq-layout-width": "test_bwd_sm80_other_dq_reduce_width_matches_oracle and (dense or causal-torch)",
+    "dq-ordered-turn": "test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs or "
+                       "test_bwd_sm80_deterministic_mode_matches_oracle",
+    "combine-last-split": "test_bwd_sm80_split_group_matches_oracle and (gqa_dense or mqa_window)",
+    "combine-rows-per-pass": "test_hdim_bwd_matches_oracle and (d192x128 or d168)",
+    "combine-head-dim-guard": "test_hdim_bwd_matches_oracle and (d168 or d160x96)",
+    "bias-units": "test_fwd_sm80_bias_matches_oracle and (bias_BH-torch or bias_1H_causal)",
+    "bias-broadcast-heads": "test_fwd_sm80_bias_matches_oracle and (bias_1H_causal or bias_11_gqa)",
+    "dbias-cols": "test_bwd_sm80_bias_matches_oracle and (bias_BH_padding or bias_1H_padding_holes) and default",
+    "rope-inverse-sign": "test_rope_sm80_backward_matches_oracle",
+    "rope-second-half": "test_rope_pass_alone_matches_the_rotation",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Mutant:
@@ -54,8 +106,8 @@ class Mutant:
 
     @property
     def first_tests(self) -> str:
-        """The -k expression of the tests run first against this mutant (``FIRST_TESTS``)."""
-        return FIRST_TESTS[self.category]
+        """The -k expression of the tests run first against this mutant (``FOCUS``, else ``FIRST_TESTS``)."""
+        return FOCUS.get(self.name, FIRST_TESTS[self.category])
 
     def apply(self, root: Path) -> None:
         """Write the faulty file under ``root`` (a copy of the repository, never the checkout)."""

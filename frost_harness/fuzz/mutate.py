@@ -7,9 +7,9 @@
 Each mutant of ``frost_harness.fuzz.mutants.CATALOGUE`` is applied to its own temporary copy of the
 packages ``frost`` and ``frost_harness``, from the checkout or from site-packages (which are never
 touched), and the chosen suites (paths relative to that copy's root) run against that copy with
-``-x``, the tests its fault family most likely fails first (``mutants.FIRST_TESTS``, a -k
-expression; the whole selection after them unless they kill it): a failing test kills the
-mutant (the first one is recorded), a run past ``--timeout``
+``-x``: first the few tests most likely to kill it (``Mutant.first_tests``, a -k expression, in
+one process), then, unless they killed it, the whole selection on ``-n`` workers. A failing
+test kills the mutant (the first one is recorded), a run past ``--timeout``
 kills it as a hang, a clean pass is a survivor. Mutants with a written equivalence argument are
 listed but left out of the score. The unmutated tree runs first and must pass with tests
 executed, otherwise nothing is judged (a GPU-less machine would otherwise "kill" nothing and
@@ -54,13 +54,20 @@ class Outcome:
 
 
 def classify(returncode: int | None, output: str) -> tuple[str, str]:
-    """(verdict, first failing test) of one pytest run; ``returncode`` None means it timed out."""
+    """(verdict, first failing test) of one pytest run; ``returncode`` None means it timed out.
+
+    A kill is a test that failed or errored, as pytest's short summary lists it, in a run that
+    exited non-zero: 1, or 2 when ``-x`` under xdist interrupts the session at the first failure.
+    Anything else non-zero (a collection error, an internal error) is a broken run.
+    """
     if returncode is None:
         return "timed out", ""
     if returncode == 0:
         return "survived", ""
-    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
-    if returncode == 1 and failed:
+    summary = output.rsplit("short test summary info", 1)[-1] if "short test summary info" in output else output
+    failed = re.search(r"^(?:FAILED|ERROR) (\S+::\S+)", summary, re.MULTILINE)
+    collection = re.search(r"errors? during collection", output)
+    if returncode in (1, 2) and failed and not collection:
         return "killed", failed.group(1)
     return "broken", failed.group(1) if failed else f"pytest exit {returncode}"
 
@@ -81,9 +88,12 @@ def _time_left(args) -> float:
     return args.timeout if deadline is None else min(args.timeout, deadline - time.monotonic())
 
 
-def run_suites(tree: Path, args, select: str | None = None) -> tuple[int | None, str, float]:
-    """One pytest run of the chosen suites against ``tree`` (``select``: a -k expression)."""
-    options = ["-m", args.marker, "-x", "-q"] + (["-n", str(args.workers)] if args.workers > 1 else [])
+def run_suites(tree: Path, args, select: str | None = None, workers: int | None = None
+               ) -> tuple[int | None, str, float]:  # fmt: skip
+    """One pytest run of the chosen suites against ``tree`` (``select``: a -k expression),
+    with ``workers`` xdist workers (default ``args.workers``; 1: no xdist)."""
+    workers = args.workers if workers is None else workers
+    options = ["-m", args.marker, "-x", "-q"] + ["-n", str(workers) if workers > 1 else "0"]
     options += ["-k", select] if select else []
     cmd = invocation.pytest_command(options, [], [tree / suite for suite in args.suites], root=tree)
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -112,8 +122,9 @@ def judge(mutant: Mutant, args, scratch: Path) -> Outcome:
         return Outcome(mutant.name, mutant.category, "equivalent", detail=mutant.equivalent)
     tree = copy_tree(scratch / mutant.name)
     mutant.apply(tree)
-    # the family's likeliest killers first; anything but a kill there runs the whole selection
-    returncode, output, seconds = run_suites(tree, args, select=mutant.first_tests)
+    # its likeliest killers first, a few tests in one process (no workers to start, each compiling
+    # its own copy of the records); anything but a kill there runs the whole selection
+    returncode, output, seconds = run_suites(tree, args, select=mutant.first_tests, workers=1)
     verdict, first = classify(returncode, output)
     if verdict not in ("killed", "timed out"):
         returncode, output, more = run_suites(tree, args)
@@ -197,8 +208,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="frost-mutate-") as scratch:
         if args.baseline_log:
             returncode, output, seconds = 0, Path(args.baseline_log).read_text(errors="replace"), 0.0
-            if re.search(r"^(?:FAILED|ERROR) ", output, re.MULTILINE) or re.search(r"\b\d+ (?:failed|errors?)\b", output):
+            # pytest's closing line only: the harness's own summary counts oracle cases, and
+            # says FAILED of a case whose test is an expected failure
+            closing = re.findall(r"^=+ (.*) in [\d.]+s", output, re.MULTILINE)
+            if not closing or re.search(r"\b\d+ (?:failed|errors?)\b", closing[-1]):
                 returncode = 1
+            output = closing[-1] if closing else output
         else:
             returncode, output, seconds = run_suites(copy_tree(Path(scratch) / "baseline"), args)
         if returncode != 0 or not re.search(r"\b[1-9]\d* passed", output):

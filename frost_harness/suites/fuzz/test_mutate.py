@@ -62,6 +62,16 @@ def test_classify_counts_only_failing_tests_as_kills():
     assert mutate.classify(None, "") == ("timed out", "")
     assert mutate.classify(2, "Interrupted: 1 error during collection")[0] == "broken"
     assert mutate.classify(1, "no FAILED line at all")[0] == "broken"
+    # -x under xdist ends the session at the first failure with exit 2: still a kill
+    xdist_stop = ("FAILED s/test_bwd_gpu.py::test_y[b] - AssertionError\n"
+                  "=== short test summary info ===\nFAILED s/test_bwd_gpu.py::test_y[b] - AssertionError\n"
+                  "!!!!! xdist.dsession.Interrupted: stopping after 1 failures !!!!!\n1 failed, 3 passed")
+    assert mutate.classify(2, xdist_stop) == ("killed", "s/test_bwd_gpu.py::test_y[b]")
+    # the harness's own summary says FAILED of a case whose test is an expected failure: not a kill
+    harness_only = ("FAILED s/test_bwd_gpu.py::test_z[w] [backward sdpa_bwd_sm80] worst ratio 1.04\n"
+                    "=== short test summary info ===\nXFAIL s/test_bwd_gpu.py::test_z[w] - known\n"
+                    "ERROR s/test_fwd_gpu.py - ImportError\nInterrupted: 1 error during collection")
+    assert mutate.classify(2, harness_only)[0] == "broken"
 
 
 @pytest.mark.L0
@@ -142,8 +152,9 @@ def test_first_tests_speed_a_kill_but_never_decide_a_survivor(tmp_path, monkeypa
     first = {"killed": (1, "FAILED a.py::t_first\n1 failed"), "passed": (0, "3 passed"),
              "empty": (5, "no tests ran")}  # fmt: skip
 
-    def fake(tree, args, select=None):
+    def fake(tree, args, select=None, workers=None):
         runs.append(select)
+        assert (workers == 1) == bool(select)  # the focus in one process, the whole selection on the workers
         if select:
             return (*first[state], 1.0)
         return 1, "FAILED b.py::t_full\n1 failed", 2.0
@@ -152,9 +163,9 @@ def test_first_tests_speed_a_kill_but_never_decide_a_survivor(tmp_path, monkeypa
     monkeypatch.setattr(mutate, "copy_tree", lambda dest: dest)
     monkeypatch.setattr(Mutant, "apply", lambda self, root: None)
     mutant = next(m for m in CATALOGUE if m.category == "bias")
-    for state, want in (("killed", ("a.py::t_first", [FIRST_TESTS["bias"]])),
-                        ("passed", ("b.py::t_full", [FIRST_TESTS["bias"], None])),
-                        ("empty", ("b.py::t_full", [FIRST_TESTS["bias"], None]))):
+    for state, want in (("killed", ("a.py::t_first", [mutant.first_tests])),
+                        ("passed", ("b.py::t_full", [mutant.first_tests, None])),
+                        ("empty", ("b.py::t_full", [mutant.first_tests, None]))):
         runs.clear()
         outcome = mutate.judge(mutant, None, tmp_path)
         assert (outcome.verdict, outcome.killed_by, runs) == ("killed", want[0], want[1]), state
@@ -190,7 +201,7 @@ def test_a_hang_is_killed_with_its_process_group_and_a_deadline_cut_is_not_a_ver
 
     monkeypatch.setattr(mutate, "copy_tree", lambda dest: dest)
     monkeypatch.setattr(Mutant, "apply", lambda self, root: None)
-    monkeypatch.setattr(mutate, "run_suites", lambda tree, a, select=None: (None, "", 1.0))
+    monkeypatch.setattr(mutate, "run_suites", lambda tree, a, select=None, workers=None: (None, "", 1.0))
     args.deadline = time.monotonic()  # reached
     assert mutate.judge(CATALOGUE[0], args, tmp_path).verdict == "not run"
     args.deadline = None
@@ -206,3 +217,37 @@ def test_resume_keeps_judged_verdicts_only(tmp_path):
     kept = mutate.load_previous(str(path))
     assert sorted(kept) == ["a", "c"] and kept["a"].killed_by == "t::x"
     assert mutate.load_previous(None) == {}
+
+
+@pytest.mark.L0
+def test_each_focus_selects_a_few_l0_gpu_tests():
+    """A mutant's focus must name tests that exist (one that selects nothing sends the mutant
+    straight to the whole suite) and stay small (its compiles are what a kill costs)."""
+    import subprocess
+    import sys
+
+    from _pytest.mark.expression import Expression
+
+    files = [f"frost_harness/suites/sm80/test_{name}_gpu.py" for name in ("fwd", "bwd", "hdim", "rope")]
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "L0", "-p", "no:cacheprovider",
+                             *files], cwd=ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    ids = [line for line in listed.splitlines() if "::" in line]
+    assert len(ids) > 100
+
+    def selected(expression: str) -> list[str]:
+        compiled = Expression.compile(expression)
+        hits = []
+        for node_id in ids:
+            path, name = node_id.split("::", 1)
+            names = [*path.split("/"), name, name.split("[", 1)[0], "L0", "gpu"]
+
+            def match(sub: str, /, **kwargs) -> bool:
+                return any(sub.lower() in n.lower() for n in names)
+
+            if compiled.evaluate(match):
+                hits.append(node_id)
+        return hits
+
+    for mutant in CATALOGUE:
+        hits = selected(mutant.first_tests)
+        assert 1 <= len(hits) <= 16, f"{mutant.name}: its focus {mutant.first_tests!r} selects {len(hits)} tests"
