@@ -173,11 +173,12 @@ class Served:
     """A problem's plan with the Decision that chose it: what ``frost.plans`` keeps per call
     signature, so a repeated call neither routes, compiles nor builds a Decision again."""
 
-    __slots__ = ("problem", "plan", "decision", "ledger_keys")
+    __slots__ = ("problem", "plan", "decision", "ledger_keys", "followers")
 
     def __init__(self, problem: Problem, plan: Plan, decision: Decision):
         self.problem, self.plan, self.decision = problem, plan, decision
         self.ledger_keys = Ledger.keys_of(decision)
+        self.followers: dict = {}  # a forward's backward plans (frost.plans.PlanCache.serve_backward_of)
 
 
 def select(problem: Problem, *, engine: str | None = None) -> Served:

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from frost import api, plans
+from frost import api, dispatch, plans
 from frost.api import CausalAlign
 from frost.problem import split_rope, split_window
 from frost.records import Options, Tensors
@@ -156,45 +156,56 @@ class _Attention(torch.autograd.Function):
     ``direct`` (eager calls, see ``_eager``) runs both directions' kernels without the
     operators: on a small problem each dispatcher round trip of a Python operator, its
     arguments boxed both ways, costs about what the kernel launch costs, and autograd runs
-    the backward on its own device thread where host work is dearer still. Traced calls go
-    through the operators, so a compiled graph holds them.
+    the backward on its own device thread where host work is dearer still. So the direct
+    backward also skips its plan lookup: the forward's plan hands it the backward plan it
+    led to before (``PlanCache.serve_backward_of``). Traced calls go through the
+    operators, so a compiled graph holds them.
+
+    The tensors that take no gradient (seqlens, cu_seqlens, RoPE tables) and the settings
+    index travel as one tuple, ``rest``: every argument of ``apply`` costs autograd a pass.
     """
 
     @staticmethod
-    def forward(ctx, direct, q, k, v, bias, sinks, *rest):
-        if direct:
-            o, lse = _forward_kernel(q, k, v, bias, sinks, *rest)
+    def forward(ctx, direct, q, k, v, bias, sinks, rest):
+        *optional, index = rest
+        if direct:  # autograd runs this under no_grad already
+            settings = _settings[index]
+            served, tensors, _, _ = plans.cache.plan("forward", _tensors(q, k, v, bias, sinks, *optional),
+                                                     settings.forward, settings.engine)  # fmt: skip
+            o, lse = dispatch.run(served, tensors)
+            ctx.served = served
         else:
             with torch._C._AutoDispatchBelowAutograd():
                 o, lse = _FORWARD(q, k, v, bias, sinks, *rest)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # lse's gradient is never read: no zeros for it
-        ctx.direct, ctx.settings = direct, rest[-1]
-        ctx.save_for_backward(q, k, v, o, lse, bias, sinks, *rest[:-1])
+        ctx.direct, ctx.settings = direct, index
+        ctx.save_for_backward(q, k, v, o, lse, bias, sinks, *optional)
         return o, lse
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
-        none = (None,) * (len(OPTIONAL_TENSORS) - 1)  # the optional tensors after sinks, then settings
         if grad_o is None:
-            return (None,) * 6 + none
-        q, k, v, o, lse, bias, sinks, *rest = ctx.saved_tensors
+            return (None,) * 7
+        q, k, v, o, lse, bias, sinks, *optional = ctx.saved_tensors
         if grad_o.stride(-1) != 1:  # e.g. the stride-0 gradient of o.sum()
             grad_o = grad_o.contiguous()
         if ctx.direct:
             if torch.is_grad_enabled() and torch._C._any_requires_grad(grad_o, q, k, v, bias, sinks):
                 raise RuntimeError(_NO_DOUBLE_BACKWARD)
             settings = _settings[ctx.settings]
-            grads = api.serve("backward", _tensors(q, k, v, bias, sinks, *rest, o=o, lse=lse, do=grad_o),
-                              settings.backward, settings.engine)  # fmt: skip
-            return None, grads.dq, grads.dk, grads.dv, grads.dbias, grads.dsinks, *none
-        dq, dk, dv, dbias, dsinks = _BACKWARD(grad_o, q, k, v, o, lse, bias, sinks, *rest, ctx.settings)
-        return None, dq, dk, dv, dbias if bias is not None else None, dsinks if sinks is not None else None, *none
+            tensors = _tensors(q, k, v, bias, sinks, *optional, o=o, lse=lse, do=grad_o)
+            with torch.no_grad():
+                grads = plans.cache.serve_backward_of(ctx.served, ctx.settings, tensors, settings.backward,
+                                                      settings.engine)  # fmt: skip
+            return None, grads.dq, grads.dk, grads.dv, grads.dbias, grads.dsinks, None
+        dq, dk, dv, dbias, dsinks = _BACKWARD(grad_o, q, k, v, o, lse, bias, sinks, *optional, ctx.settings)
+        return None, dq, dk, dv, dbias if bias is not None else None, dsinks if sinks is not None else None, None
 
 
 def _forward_autograd(q, k, v, bias, sinks, *rest):
     if torch.is_grad_enabled() and torch._C._any_requires_grad(q, k, v, bias, sinks):
-        return _Attention.apply(False, q, k, v, bias, sinks, *rest)
+        return _Attention.apply(False, q, k, v, bias, sinks, rest)
     with torch._C._AutoDispatchBelowAutograd():
         return _FORWARD(q, k, v, bias, sinks, *rest)
 
@@ -239,9 +250,9 @@ def attention(
             deterministic=deterministic, engine=engine, direction="backward",
         )  # fmt: skip
         raise
-    args = (q, k, v, bias, sinks, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k, rope_cos, rope_sin, settings)
+    rest = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k, rope_cos, rope_sin, settings)
     if not _eager(q, k, v):
-        return _FORWARD(*args)[0]
+        return _FORWARD(q, k, v, bias, sinks, *rest)[0]
     if torch.is_grad_enabled() and torch._C._any_requires_grad(q, k, v, bias, sinks):
-        return _Attention.apply(True, *args)[0]
-    return _forward_kernel(*args)[0]
+        return _Attention.apply(True, q, k, v, bias, sinks, rest)[0]
+    return _forward_kernel(q, k, v, bias, sinks, *rest)[0]

@@ -106,6 +106,12 @@ class PlanCache:
 
     def serve(self, direction: str, tensors: Tensors, options: Options, engine=None, out=None):
         """Validate (fully, or the values only on a hit), select and run one call."""
+        served, tensors, out, _ = self.plan(direction, tensors, options, engine, out)
+        return dispatch.run(served, tensors, out)
+
+    def plan(self, direction: str, tensors: Tensors, options: Options, engine=None, out=None):
+        """``serve`` without the run: ``(served, tensors, out, cacheable)``, the tensors with
+        one-sided dense padding filled in and ``out`` checked."""
         try:
             key = signature(direction, tensors, options, engine)
             entry = self._entries.get(key)
@@ -119,7 +125,7 @@ class PlanCache:
                 tensors = fill_seqlens(served.problem, tensors)
                 if out is not None:
                     out = validation.check_out(direction, out, tensors)
-                return dispatch.run(served, tensors, out)
+                return served, tensors, out, True
         self._misses += 1
         lengths = [n for n in ("cu_seqlens_q", "seqlens_q", "seqlens_k") if getattr(tensors, n) is not None]
         if lengths and validation.capturing(tensors.q):
@@ -131,7 +137,37 @@ class PlanCache:
         served = dispatch.select(problem, engine=engine)
         if key is not None:
             self._keep(key, direction, extents, served)
-        return dispatch.run(served, tensors, out)
+        return served, tensors, out, key is not None
+
+    def serve_backward_of(self, forward: dispatch.Served, settings: int, tensors: Tensors, options: Options,
+                          engine=None):  # fmt: skip
+        """The backward of a call that ``forward`` served, from ``frost.attention``'s autograd
+        formula: ``settings`` names its static keywords (``frost.ops.settings_id``).
+
+        Everything in the backward's signature but ``do`` is fixed by the forward: the same
+        q, k, v and optional tensors (autograd's saved tensors, whose version counters
+        forbid an in-place change in between), o and lse as the forward plan allocated them,
+        the same keywords. So the forward's plan keeps the backward plan it led to, by
+        ``settings`` and ``do``'s layout, and a later backward of it skips the signature
+        and the value checks (run by the forward on these very tensors); anything else
+        takes ``serve``'s way.
+        """
+        try:
+            key = (settings, _tensor_key(tensors.do))
+        except _Uncacheable:
+            key = None
+        followers = forward.followers
+        link = followers.get(key) if key is not None else None
+        table = dispatch.engines("backward")
+        if link is not None and link[1] is table and link[2] == Engine.generation:
+            self._hits += 1
+            return dispatch.run(link[0], fill_seqlens(link[0].problem, tensors))
+        served, tensors, _, cacheable = self.plan("backward", tensors, options, engine)
+        if key is not None and cacheable:
+            if len(followers) >= 8:  # a forward plan has few backward layouts; bound it anyway
+                followers.clear()
+            followers[key] = (served, table, Engine.generation)
+        return dispatch.run(served, tensors)
 
     def _keep(self, key: tuple, direction: str, extents, served: dispatch.Served) -> None:
         with self._lock:

@@ -233,3 +233,45 @@ def test_a_tensor_subclass_goes_through_the_operators(monkeypatch):
     marked = frost.attention(q, k.as_subclass(Marked), v, **keywords)
     assert paths == [True, False]
     torch.testing.assert_close(marked.as_subclass(torch.Tensor), plain, rtol=0, atol=0)
+
+
+@pytest.mark.L0
+def test_a_repeated_backward_takes_the_plan_its_forward_led_to(monkeypatch):
+    """The direct backward of a forward plan seen before skips its signature and value
+    checks; a new ``do`` layout, other settings, or an engine setting changed in between
+    take the full way, and every one gives what ``sdpa_backward`` gives."""
+    from frost import plans
+
+    case = Case(layout="thd", lengths_q=(3, 5), lengths_k=(4, 6), heads_q=4, heads_kv=2, head_dim_qk=8, causal=True)
+    inputs = make_inputs(case)
+    q, k, v, keywords = _differentiable(inputs)
+    signatures = []
+    signature = plans.signature
+    monkeypatch.setattr(plans, "signature", lambda direction, *a: signatures.append(direction) or signature(direction, *a))
+
+    def step(do, **extra):
+        out = frost.attention(q, k, v, **keywords, **extra)
+        got = torch.autograd.grad(out, (q, k, v), do)
+        o, lse = frost.sdpa_forward(q.detach(), k.detach(), v.detach(), **keywords)
+        want = frost.sdpa_backward(do, q.detach(), k.detach(), v.detach(), o, lse, **keywords, **extra)
+        for g, w in zip(got, want[:3]):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+    step(inputs.do)
+    signatures.clear()
+    step(inputs.do)
+    assert signatures[:2] == ["forward", "forward"]  # attention's forward, then the reference's own calls
+    assert signatures.count("backward") == 1  # the reference sdpa_backward only: attention's took the link
+    transposed = inputs.do.transpose(0, 1).contiguous().transpose(0, 1)  # a new do layout, same values
+    assert transposed.stride() != inputs.do.stride()
+    signatures.clear()
+    step(transposed)
+    assert signatures.count("backward") == 2
+    signatures.clear()
+    step(inputs.do, deterministic=True)  # other settings: their own link
+    assert signatures.count("backward") == 2
+    engine = frost.dispatch.BACKWARD_ENGINES[-1]
+    monkeypatch.setattr(engine, "name", engine.name)  # an engine attribute set: plans made before are stale
+    signatures.clear()
+    step(inputs.do)
+    assert signatures.count("backward") == 2
