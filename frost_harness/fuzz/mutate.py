@@ -13,7 +13,8 @@ test kills the mutant (the first one is recorded), a run past ``--timeout``
 kills it as a hang, a clean pass is a survivor. Mutants with a written equivalence argument are
 listed but left out of the score. The unmutated tree runs first and must pass with tests
 executed, otherwise nothing is judged (a GPU-less machine would otherwise "kill" nothing and
-let every mutant survive on skips). Results go to ``<out>/mutants.json`` and ``mutants.md``.
+let every mutant survive on skips). Results go to ``<out>``: ``mutants.json``, ``mutants.md``,
+``run.json`` (the score, its target, the survivors) and ``report.html``.
 
 A catalogue run can be split over several sessions: ``--stop-after`` ends a run at a wall-clock
 deadline (mutants it cuts are listed as not run, never as hangs), and ``--resume`` takes a
@@ -151,7 +152,16 @@ def score(outcomes: list[Outcome]) -> tuple[int, int]:
     return sum(o.verdict in ("killed", "timed out") for o in judged), len(judged)
 
 
+TARGET = 0.95  # the share of judged mutants the L0 GPU suite should kill
+
+
 def write_report(outcomes: list[Outcome], out: Path, args) -> str:
+    """``mutants.json``, ``mutants.md``, ``run.json`` and ``report.html`` in ``out``; returns the
+    score line."""
+    import pandas as pd
+
+    from frost_harness.reports import html
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "mutants.json").write_text(json.dumps([dataclasses.asdict(o) for o in outcomes], indent=1))
     killed, judged = score(outcomes)
@@ -159,9 +169,22 @@ def write_report(outcomes: list[Outcome], out: Path, args) -> str:
              f"suites: `pytest -m \"{args.marker}\" {' '.join(args.suites)} -x`", "",
              "| mutant | category | verdict | killed by | s | fault |", "|---|---|---|---|---|---|"]
     order = {"survived": 0, "broken": 1, "timed out": 2, "killed": 3, "equivalent": 4, "not run": 5}
-    for o in sorted(outcomes, key=lambda o: (order[o.verdict], o.mutant)):
+    ranked = sorted(outcomes, key=lambda o: (order[o.verdict], o.mutant))
+    for o in ranked:
         lines.append(f"| {o.mutant} | {o.category} | {o.verdict} | {o.killed_by} | {o.seconds} | {o.detail} |")
     (out / "mutants.md").write_text("\n".join(lines) + "\n")
+    meta = {
+        "key": "mutate", "title": f"frost-mutate, {time.strftime('%Y-%m-%d %H:%M')}", "killed": killed,
+        "judged": judged, "target": TARGET, "catalogue": len(CATALOGUE),
+        "not_run": sum(o.verdict == "not run" for o in outcomes),
+        "equivalent": sum(o.verdict == "equivalent" for o in outcomes),
+        "survivors": [o.mutant for o in outcomes if o.verdict == "survived"],
+        "suites": f"pytest -m \"{args.marker}\" {' '.join(args.suites)}",
+    }  # fmt: skip
+    (out / "run.json").write_text(json.dumps(meta, indent=2))
+    table = pd.DataFrame([dataclasses.asdict(o) for o in ranked],
+                         columns=[f.name for f in dataclasses.fields(Outcome)])  # fmt: skip
+    (out / "report.html").write_text(html.render_mutation(meta, table), encoding="utf-8")
     return lines[0]
 
 

@@ -232,3 +232,25 @@ def render(meta: dict, df: pd.DataFrame, stats: pd.DataFrame, drift: pd.DataFram
         parts.append("<p class='note'>plots need matplotlib (pip install -e '.[plots]')</p>")
     parts.append(f"<p class='note'>written {datetime.now():%Y-%m-%d %H:%M}</p></body></html>")
     return "\n".join(part for part in parts if part)
+
+
+def render_mutation(meta: dict, outcomes: pd.DataFrame) -> str:
+    """``frost-mutate``'s page: the mutation score against its target in its colour, the run's
+    facts, then every mutant (survivors and broken runs first, each with the fault it plants
+    and the test that killed it)."""
+    title = html.escape(str(meta.get("title", "frost-mutate")))
+    killed, judged, target = meta["killed"], meta["judged"], meta["target"]
+    score = killed / judged if judged else 0.0
+    passed = judged > 0 and score >= target
+    headline = (f"mutation score {killed} of {judged} killed ({100 * score:.0f}%), target {100 * target:.0f}%"
+                + (f"; {meta['not_run']} not run" if meta.get("not_run") else ""))
+    facts = {name: value for name, value in meta.items() if name not in ("title", "survivors")}
+    parts = [
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{title}</title>",
+        f"<style>{_CSS}</style></head><body><h1>{title}</h1>",
+        f"<p class='{'ok' if passed else 'fail'}'>{html.escape(headline)}</p>",
+        _table(pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]}), limit=None),
+        "<h2>Mutants</h2>", _table(outcomes, limit=None),
+        f"<p class='note'>written {datetime.now():%Y-%m-%d %H:%M}</p></body></html>",
+    ]
+    return "\n".join(parts)

@@ -86,17 +86,16 @@ class ScoreBias:
         as ``AttentionMask.apply`` takes them; columns compare against compile-time constants).
         ``check_cols=False``: the caller knows every key of the tile is inside the sequence."""
         acc_S_mn = tiles.acc_mn_view(acc_S)
-        tScS_mn = tiles.acc_mn_view(tScS)
-        t0ScS_mn = tiles.acc_mn_view(t0ScS)
-        col_base = n_block * self.tile_n + tScS_mn[0, 0][1]
+        at = tiles.ScoreCoords.of(tScS, t0ScS, m_block, n_block, self.tile_m, self.tile_n)
+        col_base = at.col_base
         cols_left = self.seqlen_k - col_base
         for r in cutlass.range_constexpr(cute.size(acc_S_mn.shape[0])):
-            row = m_block * self.tile_m + tScS_mn[r, 0][0]
+            row = at.row(r)
             # one branch per row: it also bounds how many loads the scheduler hoists at once (a
             # whole tile's, about 128 per thread, made ptxas spill nearly everything)
             if row < self.seqlen_q:
                 for c in cutlass.range_constexpr(cute.size(acc_S_mn.shape[1])):
-                    col = t0ScS_mn[0, c][1]
+                    col = at.col(c)
                     value = Float32(0.0)
                     if const_expr(check_cols):
                         if col < cols_left:
@@ -115,15 +114,14 @@ class ScoreBias:
         rdS = cute.make_fragment_like(acc_dS, gdBias.element_type)
         rdS.store(acc_dS.load().to(gdBias.element_type))
         rdS_mn = tiles.acc_mn_view(rdS)
-        tScS_mn = tiles.acc_mn_view(tScS)
-        t0ScS_mn = tiles.acc_mn_view(t0ScS)
-        col_base = n_block * self.tile_n + tScS_mn[0, 0][1]
+        at = tiles.ScoreCoords.of(tScS, t0ScS, m_block, n_block, self.tile_m, self.tile_n)
+        col_base = at.col_base
         cols_left = self.seqlen_k - col_base
         for r in cutlass.range_constexpr(cute.size(rdS_mn.shape[0])):
-            row = m_block * self.tile_m + tScS_mn[r, 0][0]
+            row = at.row(r)
             row_valid = row < self.seqlen_q
             for c in cutlass.range_constexpr(cute.size(rdS_mn.shape[1])):
-                col = t0ScS_mn[0, c][1]
+                col = at.col(c)
                 if row_valid and col < cols_left:
                     if const_expr(reduce):
                         target = gdBias.iterator + cute.crd2idx((row, col_base + col), gdBias.layout)

@@ -112,12 +112,11 @@ class AttentionMask:
         this thread's column offset is folded into the limits.
         """
         acc_S_mn = tiles.acc_mn_view(acc_S)
-        tScS_mn = tiles.acc_mn_view(tScS)
-        t0ScS_mn = tiles.acc_mn_view(t0ScS)
-        col_base = n_block * self.tile_n + tScS_mn[0, 0][1]
+        at = tiles.ScoreCoords.of(tScS, t0ScS, m_block, n_block, self.tile_m, self.tile_n)
+        col_base = at.col_base
         seqlen_limit = self.seqlen_k - col_base
         for r in cutlass.range_constexpr(cute.size(acc_S_mn.shape[0])):
-            row = m_block * self.tile_m + tScS_mn[r, 0][0]
+            row = at.row(r)
             col_hi = seqlen_limit
             if const_expr(self.has_window_right):
                 col_hi = cutlass.min(col_hi, row + self.delta + self.window_right + 1 - col_base)
@@ -128,7 +127,7 @@ class AttentionMask:
                 if row >= self.seqlen_q:
                     col_hi = Int32(0)
             for c in cutlass.range_constexpr(cute.size(acc_S_mn.shape[1])):
-                col = t0ScS_mn[0, c][1]
+                col = at.col(c)
                 if const_expr(self.has_window_left):
                     if col >= col_hi or col < col_lo:
                         acc_S_mn[r, c] = -Float32.inf

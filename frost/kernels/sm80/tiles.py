@@ -130,6 +130,31 @@ def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
 
 
+class ScoreCoords(NamedTuple):
+    """Where this thread's elements of one (tile_m, tile_n) score tile sit in the sequence: what
+    the element mask and the bias read per tile. Thread 0's columns (``t0ScS_mn``) are
+    compile-time constants, so a column test against a limit less ``col_base`` folds into an
+    immediate compare."""
+
+    tScS_mn: cute.Tensor   # (rows, cols) of this thread's tile coordinates
+    t0ScS_mn: cute.Tensor  # the same of thread 0
+    row_base: object       # the tile's first row in the sequence
+    col_base: object       # this thread's first key in the sequence
+
+    @staticmethod
+    def of(tScS: cute.Tensor, t0ScS: cute.Tensor, m_block, n_block, tile_m: int, tile_n: int) -> "ScoreCoords":
+        tScS_mn = acc_mn_view(tScS)
+        return ScoreCoords(tScS_mn, acc_mn_view(t0ScS), m_block * tile_m, n_block * tile_n + tScS_mn[0, 0][1])
+
+    def row(self, r):
+        """The sequence row of this thread's r-th row."""
+        return self.row_base + self.tScS_mn[r, 0][0]
+
+    def col(self, c):
+        """The c-th column's offset from ``col_base`` (a constant)."""
+        return self.t0ScS_mn[0, c][1]
+
+
 def acc_as_operand_a(r_acc: cute.Tensor) -> cute.Tensor:
     """Reinterpret an accumulator-shaped fragment (4, MMA_M, MMA_N) as an A operand
     ((4, 2), MMA_M, MMA_N / 2): the C fragment of two n8 atoms is exactly the A

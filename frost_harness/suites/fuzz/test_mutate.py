@@ -103,6 +103,14 @@ def test_write_report(tmp_path):
     table = (tmp_path / "mutants.md").read_text()
     assert table.index("| b |") < table.index("| a |")  # survivors first
     assert (tmp_path / "mutants.json").exists()
+    meta = mutate.json.loads((tmp_path / "run.json").read_text())
+    assert (meta["killed"], meta["judged"], meta["survivors"]) == (1, 2, ["b"])
+    page = (tmp_path / "report.html").read_text()
+    assert "mutation score 1 of 2 killed (50%), target 95%" in page and "class='fail'" in page
+    assert page.index(">b<") < page.index(">a<")
+    head = mutate.write_report([mutate.Outcome(f"m{i}", "mask", "killed", "t::x", 1.0, "why") for i in range(20)],
+                               tmp_path, args)  # fmt: skip
+    assert head.endswith("(100%)") and "class='ok'" in (tmp_path / "report.html").read_text()
 
 
 @pytest.mark.L0
