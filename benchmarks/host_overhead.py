@@ -8,7 +8,10 @@ around it shows. Measured, in one run, with the default engine routing:
 - ``frost.sdpa_forward`` against ``F.scaled_dot_product_attention``;
 - ``frost.sdpa_backward`` against torch's backward alone (``autograd.grad`` on a
   retained graph);
-- ``frost.attention`` forward+backward against SDPA forward+backward with autograd.
+- ``frost.attention`` forward+backward against SDPA forward+backward with autograd;
+- the same with ``torch.autograd.set_multithreading_enabled(False)``: on CUDA autograd
+  otherwise runs every backward on its own device thread, where frost's Python costs
+  about twice what it costs on the calling thread (NOTES.md, fourth session).
 
 Each figure is the median over ``--repeats`` loops of ``--calls`` calls, after a
 warm-up, divided by the calls: the per-call host time. frost's and torch's loops
@@ -86,10 +89,15 @@ def frost_calls(device) -> dict[str, callable]:
         out = frost.attention(qg, kg, vg)
         return torch.autograd.grad(out, (qg, kg, vg), do)
 
+    def attention_fwd_bwd_one_thread():
+        with torch.autograd.set_multithreading_enabled(False):
+            return attention_fwd_bwd()
+
     return {
         "forward": lambda: frost.sdpa_forward(q, k, v),
         "backward": lambda: frost.sdpa_backward(do, q, k, v, o, lse),
         "forward+backward": attention_fwd_bwd,
+        "forward+backward, backward on the calling thread": attention_fwd_bwd_one_thread,
     }
 
 
@@ -106,10 +114,16 @@ def torch_calls(device, dtype) -> dict[str, callable]:
         with torch.no_grad():
             return F.scaled_dot_product_attention(q, k, v)
 
+    def fwd_bwd_one_thread():
+        with torch.autograd.set_multithreading_enabled(False):
+            return fwd_bwd()
+
     return {
         "forward": forward_no_grad,
         "backward": lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
         "forward+backward": fwd_bwd,
+        # torch.autograd.set_multithreading_enabled(False): no hop to autograd's device thread
+        "forward+backward, backward on the calling thread": fwd_bwd_one_thread,
     }
 
 
