@@ -120,6 +120,8 @@ class Sm80Backward(Engine):
       (``ordered_dq``, the default: sm80/bwd.py, "Ordered dQ"), or with ``ordered_dq=False`` by
       the ``bwd_dq`` recompute pass. Measured on the H200 (benchmarks/NOTES.md) the ordered way
       cost less than the recompute on 16 of the 18 benchmark shapes and at most 4% more on the two others.
+      ``rotated_dq`` (off until measured) takes the rotated walk where it is safe (sm80/order.py:
+      unmasked, a head's key blocks no more than the device's SMs, one CTA each).
     """
 
     name = "sdpa_bwd_sm80"
@@ -129,11 +131,13 @@ class Sm80Backward(Engine):
     capabilities = SM80_CAPABILITIES
 
     def __init__(self, dq_reduce_width: int = 1, split: int | None = None,
-                 heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None):
+                 heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None,
+                 rotated_dq: bool = False):
         self.dq_reduce_width = dq_reduce_width
         self.split = split
         self.heavy_first = heavy_first
         self.ordered_dq = ordered_dq
+        self.rotated_dq = rotated_dq
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -149,7 +153,7 @@ class Sm80Backward(Engine):
         from frost.kernels.sm80.config import BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams
 
         main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
-                                        self.ordered_dq, self.tile_mn)
+                                        self.ordered_dq, self.tile_mn, self.rotated_dq)
         pre = BwdPreParams(
             dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
@@ -184,7 +188,7 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
 
 
 def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, heavy_first=None,
-                     ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None):
+                     ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, rotated_dq: bool = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward)."""
     from frost.kernels.sm80.config import bwd_params_for
 
@@ -197,13 +201,17 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
     )
     if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
         main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)
+    sms = _sm_count(problem.device) if problem.device_type == "cuda" else 132
     if split is None:
-        sms = _sm_count(problem.device) if problem.device_type == "cuda" else 132
         split = group_split(problem, main.tile_n, sms)
     split = math.gcd(split, problem.heads_q // problem.heads_kv)  # a forced count must divide the group
+    # the rotated walk waits on higher key blocks too: safe while one head's CTAs (one per SM,
+    # launched together) all fit on the device at once (sm80/order.py)
+    rotated = (rotated_dq and main.dq_ordered and not (main.has_window_left or main.has_window_right)
+               and math.ceil(problem.seqlen_k / main.tile_n) <= sms)
     if heavy_first is None or main.dq_ordered:  # ordered dQ needs key blocks launched lowest first
-        heavy_first = main.has_window_right or main.dq_ordered
-    main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first).validate()
+        heavy_first = main.has_window_right or (main.dq_ordered and not rotated)
+    main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first, dq_rotated=rotated).validate()
     return main, split
 
 

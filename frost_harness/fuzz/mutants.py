@@ -279,8 +279,8 @@ CATALOGUE: tuple[Mutant, ...] = (
        "return chunk.iterator + (j * threads + tidx)",
        "wide (v4) dQ reductions overlap each other; the scalar width is unaffected"),
     _m("dq-ordered-turn", "dq accumulator", "bwd.py",
-       "    return n_block - first\n",
-       "    return n_block - first - 1\n",
+       "    turn = n_block - first\n",
+       "    turn = n_block - first - 1\n",
        "ordered deterministic dQ takes its turn one key block early (a race)"),
     # ---- split GQA groups (bwd_combine.py) ----------------------------------------------------
     _m("combine-last-split", "gqa", "bwd_combine.py",

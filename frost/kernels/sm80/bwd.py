@@ -43,7 +43,11 @@ CTAs launched before it (no deadlock), and a CTA walks its query blocks from
 the highest down: the key blocks of one column that run at once all start on
 the same (last) query block and then move in step, each a fraction of a step
 behind the one before it. Fixed order, fixed fp32 sums: bitwise reproducible,
-with no dQ recompute pass.
+with no dQ recompute pass. Rotated (``dq_rotated``, unmasked problems whose key blocks of
+one head fit on the device at once): key block n walks query blocks from block n on
+(order.py), key blocks launched in grid order, and a query block's turn order is the
+order in which the walk reaches it: key blocks on time no longer queue for the same
+block at every step.
 
 Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
 fp32 partials when split). Key rows past Sk_b inside the padded extent are
@@ -65,7 +69,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from frost.kernels.sm80 import recompute, tiles
+from frost.kernels.sm80 import order, recompute, tiles
 from frost.kernels.sm80.bias import ScoreBias, bias_view
 from frost.kernels.sm80.mask import AttentionMask
 from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, dq_accum_slice, heads_of, launch_extents
@@ -80,6 +84,7 @@ PACKED = P.layout == "thd"
 STAGES = 2  # Q and dO buffers: step i+1 loads while step i computes
 DQ_WIDTH = P.dq_reduce_width
 ORDERED = P.dq_ordered
+ROTATED = P.dq_rotated  # ordered dQ, each key block walking its query blocks from its own (order.py)
 HAS_BIAS = P.bias_dtype is not None
 
 
@@ -204,12 +209,12 @@ def bwd_kernel(
     load_kv(setup.gmem_tiled_copy_load, tidx, mK, mV, sK, sV, seqlen, batch, head_kv, n_block)
     num_steps = num_m_blocks * heads_per_cta
     if num_steps > 0:
-        loads.issue(first_head, step_m_block(0, m_block_min, m_block_max, num_m_blocks), 0)
+        loads.issue(first_head, step_m_block(0, n_block, m_block_min, m_block_max, num_m_blocks), 0)
     cute.arch.cp_async_commit_group()
 
     for i in cutlass.range(num_steps, unroll=1):
         head = first_head + i // num_m_blocks
-        m_block = step_m_block(i, m_block_min, m_block_max, num_m_blocks)
+        m_block = step_m_block(i, n_block, m_block_min, m_block_max, num_m_blocks)
         stage = i % STAGES
         gLSE2 = cute.local_tile(seqlen.lse_row(mLSE2, batch, head), (TILE_M,), (m_block,))
         gD = cute.local_tile(seqlen.lse_row(mD, batch, head), (TILE_M,), (m_block,))
@@ -224,7 +229,7 @@ def bwd_kernel(
         cute.arch.barrier()  # this step's Q, dO landed; every warp is done with the previous step
         if i + 1 < num_steps:
             loads.issue(first_head + (i + 1) // num_m_blocks,
-                        step_m_block(i + 1, m_block_min, m_block_max, num_m_blocks), 1 - stage)
+                        step_m_block(i + 1, n_block, m_block_min, m_block_max, num_m_blocks), 1 - stage)
         cute.arch.cp_async_commit_group()
 
         bias = ScoreBias.create(mBias, batch, head, seqlen, scale_log2, TILE_M, TILE_N) if const_expr(HAS_BIAS) else None
@@ -241,7 +246,7 @@ def bwd_kernel(
         if const_expr(P.reduces_dq):
             acc_dQ = step.dq_product()
             if const_expr(ORDERED):
-                wait_turn(counter, ordered_turn(mask, n_block, m_block), seen, tidx)
+                wait_turn(counter, ordered_turn(mask, n_block, m_block, num_m_blocks), seen, tidx)
             reduce_dq(acc_dQ, seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM_QK), tidx)
             step.accumulate_dk(acc_dK, stage)
             if const_expr(ORDERED):
@@ -420,21 +425,29 @@ def reduce_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
             cute.arch.atomic_add(target, values)
 
 
-def step_m_block(i, m_block_min, m_block_max, num_m_blocks):
-    """The query block of step ``i`` of a head: ascending, or under ordered dQ descending (see
-    "Ordered dQ": the CTAs of a column then start on the same block)."""
+def step_m_block(i, n_block, m_block_min, m_block_max, num_m_blocks):
+    """The query block of step ``i`` of a head: ascending; under ordered dQ descending (see
+    "Ordered dQ": the CTAs of a column then start on the same block), or rotated by the key block
+    (``ROTATED``, order.py: they start on different ones)."""
+    if const_expr(ROTATED):
+        return m_block_min + order.rotated_m_block(n_block, i % num_m_blocks, num_m_blocks)
     if const_expr(ORDERED):
         return m_block_max - 1 - i % num_m_blocks
     return m_block_min + i % num_m_blocks
 
 
 @cute.jit
-def ordered_turn(mask: AttentionMask, n_block, m_block) -> Int32:
+def ordered_turn(mask: AttentionMask, n_block, m_block, num_m_blocks) -> Int32:
     """How many key blocks reduce into query block ``m_block`` before ``n_block`` does: the lower
     ones that see it. The key blocks that see a query block are one contiguous run (both ends
-    of ``m_block_range`` grow with the key block), which starts at ``n_block_range``'s first."""
-    first, _ = mask.n_block_range(m_block)
-    return n_block - first
+    of ``m_block_range`` grow with the key block), which starts at ``n_block_range``'s first.
+    Rotated (unmasked: every key block sees all ``num_m_blocks``): the order in which they reach
+    it (order.py)."""
+    first, end = mask.n_block_range(m_block)
+    turn = n_block - first
+    if const_expr(ROTATED):
+        turn = order.rotated_turn(n_block, m_block, num_m_blocks, end - first, cutlass.min, cutlass.max)
+    return turn
 
 
 @cute.jit

@@ -251,6 +251,10 @@ class BwdParams(_Tiles):
     # fixed order per query block (key blocks from the lowest up, launched in that order:
     # heavy_first), each CTA waiting on a per-block counter for its turn (sm80/bwd.py, "Ordered dQ")
     dq_ordered: bool = False
+    # ordered dQ with each key block walking its query blocks from its own on (sm80/order.py):
+    # unmasked problems only, key blocks launched in grid order (not heavy_first), and only when
+    # the CTAs of one head fit on the device at once (engines/sm80.backward_choices)
+    dq_rotated: bool = False
     bias_dtype: str | None = None   # an additive bias read by the recompute of P; None: none
     # where dS goes as dbias: stored per element in this dtype (the bias's own without broadcast;
     # float32 per-(batch, head) partials for a broadcast bias in deterministic mode), or with
@@ -301,8 +305,12 @@ class BwdParams(_Tiles):
             bad("the deterministic mode reduces dQ one float at a time, in order")
         if self.dq_ordered and not self.deterministic:
             bad("dq_ordered is a way of the deterministic mode")
-        if self.dq_ordered and not self.heavy_first:
+        if self.dq_ordered and not self.heavy_first and not self.dq_rotated:
             bad("dq_ordered needs heavy_first: key blocks launched lowest first (each waits on the ones below it)")
+        if self.dq_rotated and not self.dq_ordered:
+            bad("dq_rotated is a way of the ordered dQ")
+        if self.dq_rotated and (self.heavy_first or self.has_window_left or self.has_window_right):
+            bad("dq_rotated needs an unmasked problem and key blocks launched in grid order (not heavy_first)")
         if self.dq_chunk % (self.num_threads * self.dq_reduce_width):
             bad("the dQ chunk must split evenly into the threads' reductions")
         if self.smem_bytes() > SMEM_BYTES_MAX:

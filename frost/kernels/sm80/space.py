@@ -68,9 +68,11 @@ def admitted_bwd_params() -> list:
     bwd_dq, and bwd_combine for split groups), as ``frost.engines.sm80.backward_choices`` can
     produce them."""
     seen: dict = {}
-    modes = ((False, 1, False), (False, 4, False), (True, 1, False), (True, 1, True))  # det, width, ordered
+    # det, width, ordered, rotated (rotated: unmasked problems only)
+    modes = ((False, 1, False, False), (False, 4, False, False), (True, 1, False, False), (True, 1, True, False),
+             (True, 1, True, True))
     biases = ((None, False), ("float32", False), ("float32", True), ("io", False), ("io", True))  # (dtype, broadcast)
-    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, ordered), split, bias in (
+    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, ordered, rotated), split, bias in (
         itertools.product(("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(),
                           (False, True), (False, True), modes, (False, True), biases)
     ):
@@ -79,8 +81,10 @@ def admitted_bwd_params() -> list:
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
             dq_reduce_width=width, dq_ordered=ordered, bias_dtype=_bias_dtype(bias[0], dtype), bias_broadcast=bias[1],
         )
-        heavy_first = main.has_window_right or ordered  # as engines/sm80.backward_choices
-        main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first).validate()
+        if rotated and (main.has_window_left or main.has_window_right):
+            continue
+        heavy_first = main.has_window_right or (ordered and not rotated)  # as engines/sm80.backward_choices
+        main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_rotated=rotated).validate()
         seen[main] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
                           has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,

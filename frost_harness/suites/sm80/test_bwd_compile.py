@@ -165,6 +165,30 @@ def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
 
 
 @pytest.mark.L0
+def test_rotated_walk_is_chosen_only_where_it_is_safe():
+    """``rotated_dq`` takes the rotated walk (grid order, no heavy-first) for unmasked deterministic
+    problems whose key blocks of a head fit the device's SMs (132 off a GPU), and leaves causal
+    problems, longer sequences and the default mode as they were."""
+    from frost.engines.sm80 import backward_choices
+
+    def main_of(seqlen, **keywords):
+        q = torch.randn(1, seqlen, 4, 64, dtype=torch.bfloat16)
+        problem = Problem.from_call("backward", q, q, q, o=q, lse=torch.zeros(1, 4, seqlen), do=q, **keywords)
+        return backward_choices(problem, ordered_dq=True, rotated_dq=True)[0]
+
+    rotated = main_of(132 * 128, deterministic=True)  # 132 key blocks of 128
+    assert rotated.dq_rotated and rotated.dq_ordered and not rotated.heavy_first
+    assert not main_of(132 * 128 + 1, deterministic=True).dq_rotated  # 133: one head no longer fits
+    causal = main_of(1000, deterministic=True, causal=True)
+    assert causal.dq_ordered and causal.heavy_first and not causal.dq_rotated
+    assert not main_of(1000).dq_rotated and not main_of(1000).dq_ordered
+    with pytest.raises(ValueError, match="dq_rotated"):
+        dataclasses.replace(rotated, heavy_first=True).validate()
+    with pytest.raises(ValueError, match="dq_rotated"):
+        dataclasses.replace(causal, dq_rotated=True, heavy_first=False).validate()
+
+
+@pytest.mark.L0
 def test_split_plan_reports_the_partials_in_its_workspace():
     """A split plan carries the split count and sizes fp32 dK / dV partials (one per split) in its
     workspace; unsplit, none."""
