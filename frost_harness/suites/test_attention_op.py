@@ -271,7 +271,12 @@ def test_a_repeated_backward_takes_the_plan_its_forward_led_to(monkeypatch):
     step(inputs.do, deterministic=True)  # other settings: their own link
     assert signatures.count("backward") == 2
     engine = frost.dispatch.BACKWARD_ENGINES[-1]
-    monkeypatch.setattr(engine, "name", engine.name)  # an engine attribute set: plans made before are stale
+    out = frost.attention(q, k, v, **keywords)  # a forward whose plan holds the link ...
+    monkeypatch.setattr(engine, "name", engine.name)  # ... then an engine attribute set: plans made before are stale
     signatures.clear()
-    step(inputs.do)
-    assert signatures.count("backward") == 2
+    got = torch.autograd.grad(out, (q, k, v), inputs.do)
+    assert signatures == ["backward"]  # the full way, not the stale link
+    o, lse = frost.sdpa_forward(q.detach(), k.detach(), v.detach(), **keywords)
+    want = frost.sdpa_backward(inputs.do, q.detach(), k.detach(), v.detach(), o, lse, **keywords)
+    for g, w in zip(got, want[:3]):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
