@@ -373,12 +373,12 @@ class _KeptScratch:
         """(a workspace buffer, the chain's views of it) for a call on ``like``'s device."""
         if like.device.type != "cuda" or self.nbytes > self.PER_PLAN:
             return self._fresh(like)
+        if torch.cuda.is_current_stream_capturing():  # first: also a capture on the kept buffer's stream
+            return self._fresh(like)
         stream = torch._C._cuda_getCurrentRawStream(like.device.index)
         if self.kept is not None and stream == self.stream:
             return self.kept
         fresh = self._fresh(like)
-        if torch.cuda.is_current_stream_capturing():
-            return fresh
         if self.kept is None:
             if not self._reserve(self.nbytes):
                 return fresh

@@ -149,7 +149,18 @@ def test_a_small_backward_workspace_is_reused_on_its_stream_only():
         captured = plan.execute(tensors)
     assert plan._kept.kept is before
     graph.replay()
+    # a capture on the very stream whose buffer is kept still gets its own: the graph may replay
+    # on any stream, and outlive the plan
+    on_kept = torch.cuda.CUDAGraph()
+    seen = []
+    real_fresh = plan._kept._fresh
+    plan._kept._fresh = lambda like: seen.append(1) or real_fresh(like)
+    with torch.cuda.graph(on_kept, stream=side):
+        captured_on_kept = plan.execute(tensors)
+    plan._kept._fresh = real_fresh
+    assert seen and plan._kept.kept is before
+    on_kept.replay()
     torch.cuda.synchronize()
-    for result in (again, other, captured):
+    for result in (again, other, captured, captured_on_kept):
         for got, want in zip(result[:3], first[:3]):
             assert torch.equal(got, want)
