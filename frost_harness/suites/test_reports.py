@@ -219,14 +219,16 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="suites.test_x" name="test_bad[a-1]" time="0.1"><failure message="assert 1 == 2&#10;more">
 trace</failure></testcase><testcase classname="" name="suites/test_broken.py" time="0"><error
  message="collection failure">ImportError</error></testcase><testcase classname="suites.test_x" name="test_skip"
- time="0"><skipped message="no"/></testcase></testsuite></testsuites>"""
+ time="0"><skipped message="no"/></testcase><testcase classname="suites.test_x" name="test_limit[w0]" time="0.1"><skipped
+ type="pytest.xfail" message="known limit"/></testcase></testsuite></testsuites>"""
 
 
 @pytest.mark.L0
 def test_junit_is_read_test_by_test(tmp_path):
     (tmp_path / "junit.xml").write_text(JUNIT)
     junit = verdict.read_junit(tmp_path / "junit.xml")
-    assert (junit.total, junit.skipped) == (4, 1)
+    assert (junit.total, junit.skipped) == (5, 2)
+    assert junit.xfailed == {"suites/test_x.py::test_limit[w0]"}
     assert junit.failed == [("suites/test_x.py::test_bad[a-1]", "assert 1 == 2")]
     assert junit.errors == [("suites/test_broken.py", "collection failure")]
     assert verdict.read_junit(tmp_path / "missing.xml") is None
@@ -250,6 +252,11 @@ def test_verdict_is_red_whenever_pytest_is():
     cases = [("suites/test_a.py::test_b", "CASE suites/test_a.py::test_b [forward unfused] worst ratio 2")]
     assert verdict.judge(1, failing, cases, []).problems == judged.problems
     assert not verdict.judge(None, None, [], ["FUZZ t on gw0"]).passed  # a merged report: records judge
+    # a failed case of an expected failure (xfail: a documented limit) is not a problem; of any other test it is
+    limit = [("suites/test_x.py::test_limit[w0]", "CASE suites/test_x.py::test_limit[w0] [backward sm80] worst ratio 1.04")]
+    xfail_junit = verdict.JunitTests(total=3, skipped=1, xfailed={"suites/test_x.py::test_limit[w0]"})
+    assert verdict.judge(0, xfail_junit, limit, []).passed
+    assert not verdict.judge(0, verdict.JunitTests(total=3), limit, []).passed
 
 
 @pytest.mark.L0
@@ -301,3 +308,15 @@ def test_frost_report_with_nothing_collected_is_red(tmp_path, capfd):
     # the echoed command pastes into a shell: the marker expression stays one word
     words = shlex.split(echoed.removeprefix("frost-report: "))
     assert words[words.index("-m", 3):][:3] == ["-m", "L0", "-q"]
+
+
+@pytest.mark.L0
+def test_console_summary_counts_expected_failures_apart():
+    """pytest's xfailed tests' failed cases are 'failed as expected', listed as XFAIL, not FAILED."""
+    rows = [_row(f"t.py::test_{name}", "sm80", ok, native=False, direction="backward", output="dq", ratio=ratio)
+            for name, ok, ratio in (("a", True, 0.2), ("limit", False, 1.04), ("bad", False, 3.0))]  # fmt: skip
+    lines = tables.summary_lines(tables.frame(rows), expected=frozenset({"t.py::test_limit"}))
+    assert lines[0].endswith("1 passed, 1 failed, 1 failed as expected (xfail)"), lines[0]
+    assert any(line.startswith("FAILED t.py::test_bad") for line in lines)
+    assert any(line.startswith("XFAIL t.py::test_limit") for line in lines)
+    assert not any(line.startswith("FAILED t.py::test_limit") for line in lines)
