@@ -11,8 +11,8 @@ partial head dims, fp16 and bf16, the d64 and d128 flavors and the wide ones (d1
 RoPE (its pass: dense with 8-byte accesses, packed, padded), an additive bias (broadcast and
 not, float32 and io dtype, dense, padded, packed; GQA and MQA problems this small split their
 groups, so bwd_combine runs too). Each runs the forward, the backward in the
-default mode, and the deterministic mode both ways (ordered dQ, the default, and the dQ
-recompute pass).
+default mode, and the deterministic mode three ways (ordered dQ, the default; the dQ
+recompute pass; the rotated ordered-dQ walk, on the features it applies to: no mask).
 The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
 every output a kernel writes is finite where the contract makes it finite.
 
@@ -60,7 +60,10 @@ FEATURES = {
     "bias_BH_padded": ((2, 200, 190, 2, 2, 128, 128), dict(bias="BH", window=(37, 5)), "padded"),
     "bias_11_packed_io": ((3, 160, 150, 4, 2, 64, 64), dict(bias="11", bias_io=True), "packed"),
 }
-MODES = ("default", "deterministic", "recompute")  # deterministic: dQ reduced in order; recompute: bwd_dq
+MODES = ("default", "deterministic", "recompute", "rotated")
+# deterministic: dQ reduced in order; the modes below force an engine choice: recompute, the
+# bwd_dq pass; rotated, the ordered dQ on the rotated walk (run only where it applies)
+_FORCED = {"recompute": dict(ordered_dq=False), "rotated": dict(ordered_dq=True, rotated_dq=True)}
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
 _PACKED_K = (5, 80, 65)
 _PADDED_Q = (200, 0)      # the padded feature's valid lengths (an empty sequence)
@@ -112,7 +115,7 @@ def _offsets(lengths, device: str) -> torch.Tensor:
 def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", engine: str | None = "sm80") -> list[str]:
     """Run one feature through the forward and each backward mode; the problems found (non-finite
     outputs), as lines. ``device="cpu", engine=None`` runs the same calls on the CPU engines
-    (the recompute mode is the sm80 engine's own: give it only with that engine)."""
+    (the recompute and rotated modes are the sm80 engine's own: give them only with that engine)."""
     gen = torch.Generator().manual_seed(seed)
     t, keywords = _inputs(name, gen, device)
     problems = []
@@ -120,14 +123,21 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
     problems += _non_finite(name, "forward", o=o)
     for mode in modes:
         call = dict(keywords, deterministic=mode != "default")
-        if mode == "recompute":
+        if mode in _FORCED:
             problem, tensors = prepare("backward", t["q"], t["k"], t["v"], o=o, lse=lse, do=t["do"], **call)
-            dq, dk, dv, dbias, dsinks = Sm80Backward(ordered_dq=False).compile(problem).execute(tensors)
+            if mode == "rotated" and not rotated_walk_applies(problem):
+                continue
+            dq, dk, dv, dbias, dsinks = Sm80Backward(**_FORCED[mode]).compile(problem).execute(tensors)
         else:
             dq, dk, dv, dbias, dsinks = frost.sdpa_backward(t["do"], t["q"], t["k"], t["v"], o, lse, engine=engine,
                                                             **call)  # fmt: skip
         problems += _non_finite(name, mode, dq=dq, dk=dk, dv=dv, dbias=dbias, dsinks=dsinks)
     return problems
+
+
+def rotated_walk_applies(problem) -> bool:
+    """Whether the sm80 backward asked for the rotated ordered-dQ walk takes it for ``problem``."""
+    return Sm80Backward(**_FORCED["rotated"]).records(problem)[1].dq_rotated
 
 
 def _non_finite(name: str, mode: str, **outputs) -> list[str]:

@@ -27,3 +27,23 @@ def test_list_names_every_feature(capsys):
 @pytest.mark.parametrize("name", list(sanitize.FEATURES))
 def test_grid_runs_on_the_sm80_engines(name):
     assert sanitize.run_feature(name) == []
+
+
+@pytest.mark.L0
+def test_rotated_mode_runs_on_the_unmasked_features():
+    import torch
+
+    from frost.problem import prepare
+
+    applies = set()
+    for name in sanitize.FEATURES:
+        t, keywords = sanitize._inputs(name, torch.Generator().manual_seed(0), "cpu")
+        o = torch.empty_like(t["do"])
+        lse = torch.empty(o.shape[:-1], dtype=torch.float32).movedim(-1, -2 if o.dim() == 4 else 0)
+        problem, _ = prepare("backward", t["q"], t["k"], t["v"], o=o, lse=lse.contiguous(), do=t["do"],
+                             deterministic=True, **keywords)
+        if sanitize.rotated_walk_applies(problem):
+            applies.add(name)
+    masked = {n for n, (_, kw, _) in sanitize.FEATURES.items() if {"causal", "window"} & set(kw)}
+    assert applies and not applies & masked
+    assert {"dense_d64", "dense_d128_fp16", "partial_hdim", "strided"} <= applies
