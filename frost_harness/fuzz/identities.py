@@ -134,6 +134,14 @@ def _keywords(inputs: Inputs, **changes) -> dict:
     return {name: value for name, value in kw.items() if value is not None}
 
 
+def _copy_keeping_strides(x: torch.Tensor) -> torch.Tensor:
+    """A copy laid out as ``x`` (``clone`` makes a strided view contiguous): an identity that
+    compares bits changes values only, since a matmul may sum in another order for other
+    strides (the H200 nightly of 2026-12-03: unfused's o, 4 positions off by one ulp under the
+    causal prefix, strided keys and values against contiguous copies)."""
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+
+
 def _nan_like(x: torch.Tensor, shape=None) -> torch.Tensor:
     return torch.full(shape or x.shape, math.nan, dtype=torch.float64, device=x.device)
 
@@ -413,7 +421,7 @@ def _prefix_sides(case: Case, inputs: Inputs) -> list[Side]:
     visibility = Visibility.from_args(kw["causal"], kw["causal_align"], kw["window"])
     gen = torch.Generator().manual_seed(case.seed + 3)
     prefix = int(torch.randint(1, max(1, layout.max_sq) + 1, (1,), generator=gen))
-    k, v = inputs.k.clone(), inputs.v.clone()
+    k, v = _copy_keeping_strides(inputs.k), _copy_keeping_strides(inputs.v)
     later_q = torch.ones(inputs.q.shape[:-2], dtype=torch.bool, device=inputs.q.device)  # True: not compared
     for seg in layout.segments:
         first_hidden = max(0, prefix + visibility.delta(seg.sq, seg.sk) + visibility.right)

@@ -315,3 +315,20 @@ def keys_seen(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
             visible = visible & (call.bias[bias_index(call.bias, seg)].to(device) != float("-inf"))
         seen[seg.lse_index] = visible.sum(-1).expand(layout.hq, seg.sq).to(F64)
     return seen
+
+
+def weight_off_top_key(q: Tensor, k: Tensor, v: Tensor, **options) -> float:
+    """The largest share of a softmax row's weight outside its heaviest key, over every row
+    that sees a key (a sink is left out); 0.0 where every row is one-hot in float64. Takes
+    the keywords of ``forward``."""
+    call = Call.of(q, k, v, **{**options, "sinks": None})
+    worst = 0.0
+    for seg in call.layout.segments:
+        if seg.sq == 0 or seg.sk == 0:
+            continue
+        for blk in _blocks(_load(call, seg, q, k, v), call, None):
+            total = blk.e.sum(-1)  # the heaviest key's e is exactly 1 (e = exp(s - rowmax))
+            rest = ((total - 1) / total)[total > 0]
+            if rest.numel():
+                worst = max(worst, float(rest.max()))
+    return worst

@@ -76,3 +76,33 @@ def test_causal_prefix_ignores_later_keys(case):
 @given(data=st.data())
 def test_identity_gpu(name, data):
     catalog.run(name, data.draw(cases("gpu", **DRAWS[name]), label="case"))
+
+
+# Found by the H200 nightly of 2026-12-03 (night seed 20261204), as shrunk there; each passes
+# since its fix. Saturated rows (a bias 30-300 apart): dq, dk, dbias are residue, the known limit
+# in effect (frost_harness.oracle.tolerance.ONE_KEY_IN_EFFECT). The causal prefix: the rewrite
+# copied strided keys and values contiguous, and unfused's cuBLAS summed o in another order.
+FOUND_ON_GPU = {
+    "dk_subnormal_residue": ("gqa_equals_repeated_kv", Case(
+        batch=1, seqlen_q=1, seqlen_k=2, heads_q=2, heads_kv=1, head_dim_qk=64, head_dim_v=8,
+        causal_align="bottom_right", window=(-1, 1), bias="B1", dtype=torch.float16, device="cuda",
+        bias_dtype=torch.float16, bias_scale=30.0, logit_scale=4.0, strided=True)),
+    "dbias_residue_gqa": ("gqa_equals_repeated_kv", Case(
+        batch=1, seqlen_q=2, seqlen_k=3, heads_q=2, heads_kv=1, head_dim_qk=64, head_dim_v=8,
+        causal_align="bottom_right", window=(-1, 2), bias="BH", dtype=torch.float16, device="cuda",
+        bias_dtype=torch.float16, bias_scale=300.0, strided=True, seed=1)),
+    "dbias_residue_row_shift": ("row_shift_changes_nothing", Case(
+        batch=4, seqlen_q=2, seqlen_k=370, heads_q=2, heads_kv=2, head_dim_v=64, window=(0, -1), bias="1H",
+        device="cuda", bias_scale=300.0, logit_scale=4.0, strided=True, seed=22776)),
+    "prefix_strided_unfused": ("causal_prefix_ignores_later_keys", Case(
+        layout="thd", lengths_q=(384, 0, 0), lengths_k=(384, 0, 0), heads_q=2, heads_kv=1, head_dim_qk=1,
+        head_dim_v=128, causal_align="bottom_right", window=(-1, 383), sinks=True, device="cuda", strided=True)),
+}
+
+
+@pytest.mark.L0
+@pytest.mark.gpu
+@pytest.mark.parametrize("found", FOUND_ON_GPU)
+def test_identity_gpu_found_by_the_nightly(found):
+    name, case = FOUND_ON_GPU[found]
+    catalog.run(name, case)

@@ -292,6 +292,34 @@ def test_known_limit_exempts_dq_dk_dbias_where_every_row_sees_one_key():
     assert tolerance.known_limit(p.q, p.k, p.v, **{**p.options, "window": (1, 0)}) == {}
 
 
+def test_known_limit_in_effect_where_rows_are_one_hot_in_float32():
+    """Two keys per row, but a bias 1000 logits apart: an fp32 softmax row is one-hot, so dq, dk
+    and dbias are residue as in the known limit (the H200 nightly's saturated bias cases) and
+    an honest fp32 engine fails them by 1e33; the same three are exempt, dv judged, NaN still
+    fails. A bias that leaves weight on the second key (10 logits apart: e^-10 > 2^-24) lifts nothing."""
+    p = build(ONE_KEY, seed=49, dtype=torch.bfloat16)
+    options = {**p.options, "window": (1, 0)}
+    bias = torch.zeros_like(options["bias"])
+    rows = torch.arange(bias.shape[-2])
+    bias[..., rows, rows] = 1000.0  # each row's own key dominates; the key before it is e^-1000 lighter
+    options["bias"] = bias
+    exempt = tolerance.known_limit(p.q, p.k, p.v, **options)
+    assert exempt == dict.fromkeys(("dq", "dk", "dbias"), tolerance.ONE_KEY_IN_EFFECT_REASON)
+    assert tolerance.known_limit(p.q, p.k, p.v, **{**options, "bias": bias / 100}) == {}
+    _, grads = _engine(replace(p, options=options))
+    ref = reference.backward(p.do, p.q, p.k, p.v, **options)
+    base = baseline.backward(p.do, p.q, p.k, p.v, **options)
+    strict = tolerance.check_backward(grads, ref, base, io_dtype=torch.bfloat16)
+    assert not strict["dq"].passed and not strict["dbias"].passed, tolerance.summary(strict)
+    judged = tolerance.check_backward(grads, ref, base, io_dtype=torch.bfloat16, exempt=exempt)
+    assert all(v.passed for v in judged.values()), tolerance.summary(judged)
+    assert judged["dk"].exempt and "in effect" in judged["dk"].describe() and not judged["dv"].exempt
+    broken = grads.dk.clone()
+    broken[0, 3, 1, 5] = math.inf
+    assert not tolerance.check_backward(replace(grads, dk=broken), ref, base, io_dtype=torch.bfloat16,
+                                        exempt=exempt)["dk"].passed
+
+
 def test_keys_seen_counts_visible_keys_not_hidden_by_the_bias():
     """Per softmax row, in lse's layout: the masks, -inf bias entries, padding and packed tails."""
     p = build(Case("seen", batch=2, seqlen_q=5, seqlen_k=4, heads_q=2, heads_kv=1, causal=True,
@@ -306,3 +334,11 @@ def test_keys_seen_counts_visible_keys_not_hidden_by_the_bias():
                         window=(0, -1)))
     seen = reference.keys_seen(packed.q, packed.k, packed.v, **packed.options)
     assert seen[0, :3].tolist() == [2, 1, 0] and torch.isnan(seen[:, 3:]).all()
+
+
+def test_known_limit_leaves_problems_without_visible_keys_judged():
+    """No row sees a key (a packed batch whose sequences are empty on one side): every gradient is
+    exactly 0 and must stay judged; neither form of the known limit applies."""
+    p = build(Case("no_keys", layout="thd", lengths_q=(1, 0, 21), lengths_k=(0, 3, 0), causal=True), seed=3)
+    assert float(reference.keys_seen(p.q, p.k, p.v, **p.options).nan_to_num(0).max()) == 0
+    assert tolerance.known_limit(p.q, p.k, p.v, **p.options) == {}
