@@ -54,9 +54,9 @@ FOCUS = {
     "n-range-left": _FWD + "(edge_window or window_left or window_both)",
     "m-range-right": _BWD + _EDGES,
     "m-range-left": _BWD + "(edge_window or window_left or window_both)",
-    "needs-mask-right": _FWD + _EDGES,
-    "needs-mask-left": _FWD + "(edge_window or window_left or window_both)",
-    "needs-mask-seqlen": _FWD + "(padding-torch or edge_lengths or edge_thd)",
+    "needs-mask-right": _FWD + "(edge_right_m2 or edge_window or edge_br)",
+    "needs-mask-left": _FWD + "(edge_left_m2 or edge_window or window_left)",
+    "needs-mask-seqlen": _FWD + "(edge_seqlen_dense or edge_lengths or padding-torch)",
     "fwd-gqa-map": _FWD + "(gqa-torch or thd_causal_gqa)",
     "bwd-gqa-map": _BWD + "(gqa-torch or thd_causal_gqa)",
     "bwd-dq-gqa-map": "test_bwd_sm80_recompute_deterministic_matches_oracle and gqa",
@@ -139,7 +139,12 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("mask-rows", "mask", "mask.py",
        "if row >= self.seqlen_q:",
        "if row > self.seqlen_q:",
-       "the first padded query row feeds dK and dV"),
+       "the first padded query row feeds dK and dV",
+       equivalent=("row Sq has its Q and dO tiles zero-filled (bwd.py QdoLoads: load_rows stops at seqlen_q), "
+                   "bwd_pre writes lse2 = +inf and D = 0 for rows past the sequence and the bias is read only "
+                   "in the valid region, so the unmasked row has p = exp2(0 - inf) = 0 and dp = D = 0: it adds "
+                   "exact zeros to dK, dV and the dQ accumulator (the H200 run of 2026-12-03: no test killed "
+                   "it within 470 s)")),
     _m("bottom-right-offset", "mask", "mask.py",
        "delta = seqlen.seqlen_k - seqlen.seqlen_q if",
        "delta = seqlen.seqlen_q - seqlen.seqlen_k if",
@@ -237,7 +242,10 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("d-padded-rows", "lse/D", "bwd_pre.py",
        "gD[row] = d_row if valid else Float32(0.0)",
        "gD[row] = d_row",
-       "padded rows' D from whatever o and dO held"),
+       "padded rows' D from whatever o and dO held",
+       equivalent=("bwd_pre reads o and dO only for rows below seqlen_q, into fragments filled with +0.0 "
+                   "first, so a padded row's d_row is a sum of +0.0 * +0.0: the +0.0 the guarded store "
+                   "writes, bit for bit (the H200 run of 2026-12-03: no test killed it within 395 s)")),
     # ---- head-dim predicates and row guards -------------------------------------------------
     _m("hdim-predicate", "partial head dim", "tiles.py",
        "pred[v, 0, k] = cute.elem_less(tXcX[(0, v), 0, k][1], limit)",

@@ -189,8 +189,10 @@ def write_report(outcomes: list[Outcome], out: Path, args) -> str:
 
 
 def list_catalogue() -> str:
-    rows = [f"{m.name:26} {m.category:18} {m.path:36} {m.why}" for m in CATALOGUE]
-    return "\n".join(rows + [f"{len(CATALOGUE)} mutants"])
+    rows = [f"{m.name:26} {m.category:18} {m.path:36} {m.why}" + (" [equivalent]" if m.equivalent else "")
+            for m in CATALOGUE]
+    equivalent = sum(bool(m.equivalent) for m in CATALOGUE)
+    return "\n".join(rows + [f"{len(CATALOGUE)} mutants ({equivalent} equivalent, left out of the score)"])
 
 
 def main(argv=None) -> int:

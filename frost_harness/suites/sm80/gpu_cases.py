@@ -58,6 +58,15 @@ FEATURES = {
     # sink, so nothing is exempt), and large logits with large sinks (fp16 in L0, as the twin).
     "window_zero_sinks": dict(window=(0, 0), sinks=True),
     "large_logits_sinks": dict(logit_scale=8.0, sinks=True, sink_scale=20.0),
+    # Edges one key inside a tile (test_edge_coverage.py): the needs-mask decisions moved by one
+    # (frost-mutate's needs-mask-*) change a visible key only where a band edge sits on a tile's
+    # next-to-last key (offsets -2 modulo the tile) or a sequence ends one key short of a tile;
+    # no case above does (the H200 run of 2026-12-03: those mutants outlived their focus). Rows
+    # here see 63-127 keys, so the one key too many moves o by ~1% (right, left: a real key) or
+    # every row by ~0.5% (the sequence end: a zero key), well past the rule in either dtype.
+    "edge_seqlen_dense": dict(seqlen_q=100, seqlen_k=127),
+    "edge_right_m2": dict(window=(-1, 62)),
+    "edge_left_m2": dict(window=(126, -1)),
 }
 
 # The backward keeps every hard case of the forward: window (0, 0) is judged with dq and dk
