@@ -276,7 +276,11 @@ CATALOGUE: tuple[Mutant, ...] = (
     _m("fwd-acc-o-unzeroed", "zeroing", "fwd.py",
        "    acc_O.fill(0.0)\n",
        "",
-       "O starts from whatever the registers held"),
+       "O starts from whatever the registers held",
+       equivalent=("the first key block's step (softmax.py) scales acc_O by exp2(-inf) = 0 before P.V adds "
+                   "to it (scales are positive: sm80 declines scale <= 0), so finite leftovers vanish; only "
+                   "NaN or Inf bit patterns left in the registers would show, and the values there are the "
+                   "thread's earlier finite operands (the H200 run of 2026-12-03: no kill within 265 s)")),
     _m("dp-unzeroed", "zeroing", "recompute.py",
        "    acc_dP.fill(0.0)\n",
        "",

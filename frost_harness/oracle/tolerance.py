@@ -148,7 +148,7 @@ def _failed(name: str, note: str) -> Verdict:
 
 
 def _check_one(name: str, x: Tensor, x64: Tensor, x_lp: Tensor, io_dtype, exclude, l2_min_elements: int,
-               exempt: str) -> Verdict:
+               exempt: str, slack: Tensor | None = None) -> Verdict:
     device = x64.device
     x64 = x64.to(F64)
     x = x.to(device=device, dtype=F64)
@@ -167,6 +167,9 @@ def _check_one(name: str, x: Tensor, x64: Tensor, x_lp: Tensor, io_dtype, exclud
     k = WORST_FACTOR[name]
     base_max = float(base.max()) if base.numel() else 0.0
     allowed = k * base_max + floor
+    extra = None if slack is None else slack.to(device=device, dtype=F64).expand_as(x64)[compared]
+    if extra is not None:  # an error the problem's operands make by themselves (rope_slack.py)
+        allowed = allowed + extra
     if err.numel():
         ratios = err / allowed
         worst = int(torch.argmax(ratios))
@@ -177,7 +180,8 @@ def _check_one(name: str, x: Tensor, x64: Tensor, x_lp: Tensor, io_dtype, exclud
         worst_index = None
     err_l2 = float(torch.linalg.vector_norm(err)) if err.numel() else 0.0
     allowed_l2 = (L2_FACTOR * float(torch.linalg.vector_norm(base))
-                  + L2_FLOOR_FRACTION * float(torch.linalg.vector_norm(floor)))
+                  + L2_FLOOR_FRACTION * float(torch.linalg.vector_norm(floor))
+                  + (float(torch.linalg.vector_norm(extra)) if extra is not None else 0.0))
     ratio_l2 = err_l2 / allowed_l2 if err.numel() else 0.0
     count = int(compared.sum())
     # Rule 2's size threshold counts the positions that carry a rounding error to measure. Where
@@ -197,7 +201,7 @@ def _check_one(name: str, x: Tensor, x64: Tensor, x_lp: Tensor, io_dtype, exclud
 def check(outputs: Mapping[str, Tensor | None], reference: Mapping[str, Tensor | None],
           baseline: Mapping[str, Tensor | None], *, io_dtype: torch.dtype,
           exclude: Mapping[str, Tensor] | None = None, l2_min_elements: int = L2_MIN_ELEMENTS,
-          exempt: Mapping[str, str] | None = None) -> dict[str, Verdict]:
+          exempt: Mapping[str, str] | None = None, slack: Mapping[str, Tensor] | None = None) -> dict[str, Verdict]:
     """One Verdict per output the reference has (names: o, lse, dq, dk, dv, dbias, dsinks).
 
     Outputs the reference lacks (None) are not judged. ``exclude`` maps a name
@@ -205,7 +209,8 @@ def check(outputs: Mapping[str, Tensor | None], reference: Mapping[str, Tensor |
     ``l2_min_elements`` informative compared elements is judged by rule 1 alone
     (its L2 figures are still reported); the default is the rule as written.
     ``exempt`` maps a name to the reason rules 1 and 2 do not judge it
-    (``known_limit``); non-finite values still fail it.
+    (``known_limit``); non-finite values still fail it. ``slack`` maps a name to an absolute
+    error per element that both rules allow on top (``rope_slack``: RoPE's io-dtype operands).
     """
     verdicts = {}
     for name, x64 in reference.items():
@@ -224,29 +229,31 @@ def check(outputs: Mapping[str, Tensor | None], reference: Mapping[str, Tensor |
         else:
             mask = None if exclude is None else exclude.get(name)
             reason = "" if exempt is None else exempt.get(name, "")
-            verdicts[name] = _check_one(name, x, x64, x_lp, io_dtype, mask, l2_min_elements, reason)
+            extra = None if slack is None else slack.get(name)
+            verdicts[name] = _check_one(name, x, x64, x_lp, io_dtype, mask, l2_min_elements, reason, extra)
     return verdicts
 
 
 def check_forward(outputs: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor],
                   baseline: tuple[Tensor, Tensor], *, io_dtype: torch.dtype,
                   exclude: Mapping[str, Tensor] | None = None,
-                  l2_min_elements: int = L2_MIN_ELEMENTS) -> dict[str, Verdict]:
+                  l2_min_elements: int = L2_MIN_ELEMENTS, slack: Mapping[str, Tensor] | None = None) -> dict[str, Verdict]:
     """``check`` for ``(o, lse)`` tuples."""
     def named(pair):
         return dict(zip(("o", "lse"), pair))
     return check(named(outputs), named(reference), named(baseline), io_dtype=io_dtype, exclude=exclude,
-                 l2_min_elements=l2_min_elements)
+                 l2_min_elements=l2_min_elements, slack=slack)
 
 
 def check_backward(outputs, reference: Grads, baseline: Grads, *, io_dtype: torch.dtype,
                    exclude: Mapping[str, Tensor] | None = None, l2_min_elements: int = L2_MIN_ELEMENTS,
-                   exempt: Mapping[str, str] | None = None) -> dict[str, Verdict]:
+                   exempt: Mapping[str, str] | None = None,
+                   slack: Mapping[str, Tensor] | None = None) -> dict[str, Verdict]:
     """``check`` for gradient records: any object with Grads' field names (frost's own too)."""
     def named(grads):
         return {name: getattr(grads, name, None) for name in GRAD_NAMES}
     return check(named(outputs), named(reference), named(baseline), io_dtype=io_dtype, exclude=exclude,
-                 l2_min_elements=l2_min_elements, exempt=exempt)
+                 l2_min_elements=l2_min_elements, exempt=exempt, slack=slack)
 
 
 def known_limit(q: Tensor, k: Tensor, v: Tensor, **options) -> dict[str, str]:

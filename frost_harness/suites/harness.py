@@ -40,6 +40,7 @@ from frost import dispatch, validation
 from frost.case import CaseFields
 from frost.dispatch import Decision
 from frost.problem import FEATURES, prepare
+from frost_harness.oracle import rope_slack
 from frost_harness.reports import records
 from frost_harness.suites import canaries
 
@@ -320,7 +321,9 @@ def check(case: Case, *, engine: str | None = None, directions=("forward", "back
     """Run ``case`` through frost and judge it against the oracle; record and return the result.
 
     The rule is SEMANTICS.md's as written (``frost_harness.oracle.tolerance``); the backward leaves out
-    only what the contract's known limit exempts, per output (``tolerance.known_limit``).
+    only what the contract's known limit exempts, per output (``tolerance.known_limit``). With
+    RoPE both rules also allow what the io-dtype rotated operands cost by themselves
+    (``frost_harness.oracle.rope_slack``).
     """
     inputs = make_inputs(case)
     result = Result(case, engine)
@@ -332,7 +335,9 @@ def check(case: Case, *, engine: str | None = None, directions=("forward", "back
             direction = "forward"
             o, lse, result.decisions[direction] = run_forward(inputs, engine=engine)
             base = frost_harness.oracle.baseline.forward(inputs.q, inputs.k, inputs.v, **kw)
-            verdicts = frost_harness.oracle.tolerance.check_forward((o, lse), (o64, lse64), base, io_dtype=case.dtype)
+            slack = rope_slack.forward_slack(inputs.q, inputs.k, inputs.v, (o64, lse64), **kw) if case.rope else None
+            verdicts = frost_harness.oracle.tolerance.check_forward((o, lse), (o64, lse64), base, io_dtype=case.dtype,
+                                                                    slack=slack)
             failures = _tail_writes(case, inputs, {"o": o, "lse": lse})
             _record(result, direction, verdicts, failures, engine)
         if "backward" in directions:
@@ -344,7 +349,10 @@ def check(case: Case, *, engine: str | None = None, directions=("forward", "back
             ref = frost_harness.oracle.reference.backward(inputs.do, inputs.q, inputs.k, inputs.v, **kw)
             base = frost_harness.oracle.baseline.backward(inputs.do, inputs.q, inputs.k, inputs.v, **kw)
             exempt = frost_harness.oracle.tolerance.known_limit(inputs.q, inputs.k, inputs.v, **kw)
-            verdicts = frost_harness.oracle.tolerance.check_backward(grads, ref, base, io_dtype=case.dtype, exempt=exempt)
+            slack = (rope_slack.backward_slack(inputs.do, inputs.q, inputs.k, inputs.v, o_ref, lse_ref, ref, **kw)
+                     if case.rope else None)
+            verdicts = frost_harness.oracle.tolerance.check_backward(grads, ref, base, io_dtype=case.dtype, exempt=exempt,
+                                                                     slack=slack)
             failures = _tail_writes(case, inputs, grads._asdict())
             if case.deterministic:
                 again, _ = run_backward(inputs, o_ref, lse_ref, engine=engine, deterministic=True)

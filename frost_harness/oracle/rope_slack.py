@@ -1,0 +1,116 @@
+"""What RoPE's io-dtype operands cost by themselves: an allowance the rule adds for RoPE problems.
+
+A same-precision engine with fused RoPE (FlashAttention's, frost's sm80, and the baseline X_lp
+itself) rotates q and k in float32 and rounds the rotated rows to the io dtype before the
+attention products. That rounding is an input rounding: the oracle runs on exact rotations, so
+at large logits (|s| ~ 250 in fp16: logit errors of 0.03) the engine's error is the rotation's,
+and the baseline, which makes the same rounding plus fp16 scores, can land well under it on a
+problem with few informative rows (the H200 nightly of 2026-12-03: o at 3x rule 1 on an 8x9
+problem, the engine's whole error that rounding; a CPU emulation of the kernel reproduced it).
+The backward adds p = exp(s(rounded q, k) - lse) with the given lse, so rows no longer sum to 1
+and D from the given o no longer cancels them (dv at 5.5x rule 2).
+
+``rope_slack`` computes, per output, the exact size of that effect: the contract's formulas
+evaluated in float64 on the operands such an engine holds (the rotated q and k rounded to the
+io dtype; in the backward also the given o and lse, D = rowsum(do * o) of the given o) minus the
+oracle's truth. ``tolerance.check`` adds it to both rules' allowances (``slack``). An engine that
+keeps the rotation in float32 (unfused) needs none of it. A wrong rotation (sign, position, the
+inverse in the backward) moves the outputs by O(1), far past it. Measured on that night's shrunk
+failures with a CPU emulation of the sm80 arithmetic: the eight backward ones at worst ratio
+0.81 with it (1.04-5.46 without), the two forward ones at 0.51 and 0.77 (3.0 without).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import Tensor
+
+from frost_harness.oracle import reference
+from frost_harness.oracle.call import Call
+from frost_harness.oracle.rope import rotate
+from frost_harness.oracle.segments import bias_index
+
+F64 = torch.float64
+
+
+def rounded_rotation(x: Tensor, call: Call, index: str) -> Tensor:
+    """x's valid rows rotated in float32 with the given tables and rounded to x's dtype, per
+    sequence (positions count from each sequence's start), as the baseline and fused kernels do."""
+    cos, sin = (t.to(device=x.device, dtype=torch.float32) for t in call.rope)
+    out = x.clone()
+    for seg in call.layout.segments:
+        rows = getattr(seg, index)
+        out[rows] = rotate(x[rows].float(), cos, sin).to(x.dtype)
+    return out
+
+
+def forward_slack(q: Tensor, k: Tensor, v: Tensor, truth: tuple[Tensor, Tensor], **options) -> dict[str, Tensor]:
+    """|oracle(rounded rotations) - oracle| for o and lse; ``truth`` is the oracle's (o, lse)."""
+    call = Call.of(q, k, v, **options)
+    plain = {name: value for name, value in options.items() if name != "rope"}
+    o, lse = reference.forward(rounded_rotation(q, call, "q_index"), rounded_rotation(k, call, "k_index"), v, **plain)
+    return {"o": _gap(o, truth[0]), "lse": _gap(lse, truth[1])}
+
+
+def backward_slack(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, truth,
+                   **options) -> dict[str, Tensor]:
+    """|the contract's backward on (rounded rotations, the given o and lse) - truth| per gradient;
+    ``truth`` is the oracle's Grads."""
+    given = _backward_as_given(do, q, k, v, o, lse, Call.of(q, k, v, **options))
+    return {name: _gap(value, getattr(truth, name)) for name, value in given.items()
+            if value is not None and getattr(truth, name) is not None}
+
+
+def _gap(x: Tensor, truth: Tensor) -> Tensor:
+    """|x - truth| where both are finite, 0 elsewhere (infinities and unread rows match or are judged as such)."""
+    x, truth = x.to(F64), truth.to(F64)
+    both = torch.isfinite(x) & torch.isfinite(truth)
+    return torch.where(both, (x - truth).abs(), torch.zeros_like(x))
+
+
+def _backward_as_given(do, q, k, v, o, lse, call: Call) -> dict[str, Tensor | None]:
+    """SEMANTICS.md's backward, float64, on q and k rotated and rounded as above, p from the given
+    lse and D from the given o; dq and dk taken back through the rotation's transpose."""
+    layout, device = call.layout, q.device
+    plain = dataclasses.replace(call, rope=None)
+    q_io, k_io = rounded_rotation(q, call, "q_index"), rounded_rotation(k, call, "k_index")
+    cos, sin = (t.to(device=device, dtype=F64) for t in call.rope)
+    sinks = None if call.sinks is None else call.sinks.to(device=device, dtype=F64)
+    dq = torch.zeros(q.shape, dtype=F64, device=device)
+    dk = torch.zeros(k.shape, dtype=F64, device=device)
+    dv = torch.zeros(v.shape, dtype=F64, device=device)
+    dbias = None if call.bias is None else torch.zeros(call.bias.shape, dtype=F64, device=device)
+    dsinks = None if sinks is None else torch.zeros_like(sinks)
+    for seg in layout.segments:
+        if seg.sq == 0:
+            continue
+        seq = reference._load(plain, seg, q_io, k_io, v)  # q pre-scaled, head-major
+        hkv, group, sq, dqk = seq.q.shape
+        lse_seq = lse[seg.lse_index].to(F64).reshape(hkv, group * sq, 1)
+        do_seq = do[seg.q_index].to(F64).permute(1, 0, 2).reshape(hkv, group * sq, -1)
+        o_seq = o[seg.q_index].to(F64).permute(1, 0, 2).reshape(hkv, group * sq, -1)
+        d_row = (do_seq * o_seq).sum(-1, keepdim=True)
+        q_flat = seq.q.reshape(hkv, group * sq, dqk)
+        s = torch.matmul(q_flat, seq.k.transpose(1, 2)).view(hkv * group, sq, seg.sk)
+        if seq.bias is not None:
+            s = s + seq.bias
+        mask = call.visibility.block_mask(0, sq, 0, seg.sk, sq, seg.sk, device)
+        if mask is not None:
+            s = s.masked_fill(~mask, -math.inf)
+        s = s.view(hkv, group * sq, seg.sk)
+        p = torch.where(torch.isfinite(lse_seq), torch.exp(s - lse_seq), torch.zeros_like(s))
+        ds = p * (torch.matmul(do_seq, seq.v.transpose(1, 2)) - d_row)
+        dq_s = (torch.matmul(ds, seq.k) * call.scale).view(hkv * group, sq, dqk).permute(1, 0, 2)
+        dk_s = torch.matmul(ds.transpose(1, 2), q_flat).permute(1, 0, 2)
+        dq[seg.q_index] = rotate(dq_s, cos, sin, transpose=True)
+        dk[seg.k_index] = rotate(dk_s, cos, sin, transpose=True)
+        dv[seg.k_index] = torch.matmul(p.transpose(1, 2), do_seq).permute(1, 0, 2)
+        if dbias is not None:
+            ds_h = ds.view(hkv * group, sq, seg.sk)
+            dbias[bias_index(call.bias, seg)] += ds_h.sum(0, keepdim=True) if call.bias.shape[1] == 1 else ds_h
+        if dsinks is not None:
+            weight = torch.exp(sinks.view(hkv, group, 1) - lse_seq.view(hkv, group, sq))
+            dsinks -= (weight * d_row.view(hkv, group, sq)).sum(-1).reshape(-1)
+    return {"dq": dq, "dk": dk, "dv": dv, "dbias": dbias, "dsinks": dsinks}
