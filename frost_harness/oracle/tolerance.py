@@ -237,7 +237,8 @@ def check(outputs: Mapping[str, Tensor | None], reference: Mapping[str, Tensor |
 def check_forward(outputs: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor],
                   baseline: tuple[Tensor, Tensor], *, io_dtype: torch.dtype,
                   exclude: Mapping[str, Tensor] | None = None,
-                  l2_min_elements: int = L2_MIN_ELEMENTS, slack: Mapping[str, Tensor] | None = None) -> dict[str, Verdict]:
+                  l2_min_elements: int = L2_MIN_ELEMENTS,
+                  slack: Mapping[str, Tensor] | None = None) -> dict[str, Verdict]:
     """``check`` for ``(o, lse)`` tuples."""
     def named(pair):
         return dict(zip(("o", "lse"), pair))

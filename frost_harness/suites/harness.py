@@ -351,8 +351,8 @@ def check(case: Case, *, engine: str | None = None, directions=("forward", "back
             exempt = frost_harness.oracle.tolerance.known_limit(inputs.q, inputs.k, inputs.v, **kw)
             slack = (rope_slack.backward_slack(inputs.do, inputs.q, inputs.k, inputs.v, o_ref, lse_ref, ref, **kw)
                      if case.rope else None)
-            verdicts = frost_harness.oracle.tolerance.check_backward(grads, ref, base, io_dtype=case.dtype, exempt=exempt,
-                                                                     slack=slack)
+            verdicts = frost_harness.oracle.tolerance.check_backward(grads, ref, base, io_dtype=case.dtype,
+                                                                     exempt=exempt, slack=slack)
             failures = _tail_writes(case, inputs, grads._asdict())
             if case.deterministic:
                 again, _ = run_backward(inputs, o_ref, lse_ref, engine=engine, deterministic=True)
