@@ -317,10 +317,11 @@ def keys_seen(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
     return seen
 
 
-def weight_off_top_key(q: Tensor, k: Tensor, v: Tensor, **options) -> float:
+def weight_off_top_key(q: Tensor, k: Tensor, v: Tensor, *, stop_at: float = float("inf"), **options) -> float:
     """The largest share of a softmax row's weight outside its heaviest key, over every row
-    that sees a key (a sink is left out); 0.0 where every row is one-hot in float64. Takes
-    the keywords of ``forward``."""
+    that sees a key (a sink is left out); 0.0 where every row is one-hot in float64. Returns as
+    soon as a block's share reaches ``stop_at`` (the caller needs no more). Takes the keywords
+    of ``forward``."""
     call = Call.of(q, k, v, **{**options, "sinks": None})
     worst = 0.0
     for seg in call.layout.segments:
@@ -331,4 +332,6 @@ def weight_off_top_key(q: Tensor, k: Tensor, v: Tensor, **options) -> float:
             rest = ((total - 1) / total)[total > 0]
             if rest.numel():
                 worst = max(worst, float(rest.max()))
+            if worst >= stop_at:
+                return worst
     return worst

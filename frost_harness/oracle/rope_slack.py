@@ -22,7 +22,6 @@ failures with a CPU emulation of the sm80 arithmetic: the eight backward ones at
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 from torch import Tensor
@@ -72,7 +71,9 @@ def _gap(x: Tensor, truth: Tensor) -> Tensor:
 
 def _backward_as_given(do, q, k, v, o, lse, call: Call) -> dict[str, Tensor | None]:
     """SEMANTICS.md's backward, float64, on q and k rotated and rounded as above, p from the given
-    lse and D from the given o; dq and dk taken back through the rotation's transpose."""
+    lse and D from the given o; dq and dk taken back through the rotation's transpose. The scores
+    come from the oracle's own blocks (``reference._blocks``, without the sink): p = e / z *
+    exp(lse_own - lse_given)."""
     layout, device = call.layout, q.device
     plain = dataclasses.replace(call, rope=None)
     q_io, k_io = rounded_rotation(q, call, "q_index"), rounded_rotation(k, call, "k_index")
@@ -88,29 +89,30 @@ def _backward_as_given(do, q, k, v, o, lse, call: Call) -> dict[str, Tensor | No
             continue
         seq = reference._load(plain, seg, q_io, k_io, v)  # q pre-scaled, head-major
         hkv, group, sq, dqk = seq.q.shape
-        lse_seq = lse[seg.lse_index].to(F64).reshape(hkv, group * sq, 1)
-        do_seq = do[seg.q_index].to(F64).permute(1, 0, 2).reshape(hkv, group * sq, -1)
-        o_seq = o[seg.q_index].to(F64).permute(1, 0, 2).reshape(hkv, group * sq, -1)
-        d_row = (do_seq * o_seq).sum(-1, keepdim=True)
-        q_flat = seq.q.reshape(hkv, group * sq, dqk)
-        s = torch.matmul(q_flat, seq.k.transpose(1, 2)).view(hkv * group, sq, seg.sk)
-        if seq.bias is not None:
-            s = s + seq.bias
-        mask = call.visibility.block_mask(0, sq, 0, seg.sk, sq, seg.sk, device)
-        if mask is not None:
-            s = s.masked_fill(~mask, -math.inf)
-        s = s.view(hkv, group * sq, seg.sk)
-        p = torch.where(torch.isfinite(lse_seq), torch.exp(s - lse_seq), torch.zeros_like(s))
-        ds = p * (torch.matmul(do_seq, seq.v.transpose(1, 2)) - d_row)
-        dq_s = (torch.matmul(ds, seq.k) * call.scale).view(hkv * group, sq, dqk).permute(1, 0, 2)
-        dk_s = torch.matmul(ds.transpose(1, 2), q_flat).permute(1, 0, 2)
-        dq[seg.q_index] = rotate(dq_s, cos, sin, transpose=True)
-        dk[seg.k_index] = rotate(dk_s, cos, sin, transpose=True)
-        dv[seg.k_index] = torch.matmul(p.transpose(1, 2), do_seq).permute(1, 0, 2)
-        if dbias is not None:
-            ds_h = ds.view(hkv * group, sq, seg.sk)
-            dbias[bias_index(call.bias, seg)] += ds_h.sum(0, keepdim=True) if call.bias.shape[1] == 1 else ds_h
-        if dsinks is not None:
-            weight = torch.exp(sinks.view(hkv, group, 1) - lse_seq.view(hkv, group, sq))
-            dsinks -= (weight * d_row.view(hkv, group, sq)).sum(-1).reshape(-1)
+        per_head = (hkv, group, sq, -1)
+        lse_seq = lse[seg.lse_index].to(F64).reshape(hkv, group, sq)
+        do_seq = do[seg.q_index].to(F64).permute(1, 0, 2).reshape(per_head)
+        o_seq = o[seg.q_index].to(F64).permute(1, 0, 2).reshape(per_head)
+        dq_seq, dk_seq, dv_seq = torch.zeros_like(seq.q), torch.zeros_like(seq.k), torch.zeros_like(seq.v)
+        for blk in reference._blocks(seq, plain, None):
+            nb = blk.rows.stop - blk.rows.start
+            given = lse_seq[:, :, blk.rows].reshape(hkv, group * nb, 1)
+            p = torch.where(torch.isfinite(given), blk.e / blk.z * torch.exp(blk.lse.view_as(given) - given), 0.0)
+            do_b = do_seq[:, :, blk.rows].reshape(hkv, group * nb, -1)
+            d_row = (do_b * o_seq[:, :, blk.rows].reshape(do_b.shape)).sum(-1, keepdim=True)
+            ds = p * (torch.matmul(do_b, seq.v[:, blk.keys].transpose(1, 2)) - d_row)
+            dq_seq[:, :, blk.rows] = torch.matmul(ds, seq.k[:, blk.keys]).view(hkv, group, nb, dqk)
+            dk_seq[:, blk.keys] += torch.matmul(ds.transpose(1, 2), blk.q)
+            dv_seq[:, blk.keys] += torch.matmul(p.transpose(1, 2), do_b)
+            if dbias is not None:
+                ds_h = ds.view(hkv * group, nb, -1)
+                index = bias_index(call.bias, seg)
+                dbias[index[0], :, blk.rows, blk.keys] += ds_h.sum(0, keepdim=True) if call.bias.shape[1] == 1 else ds_h
+            if dsinks is not None:
+                weight = torch.exp(sinks.view(hkv, group, 1) - given.view(hkv, group, nb))
+                dsinks -= (weight * d_row.view(hkv, group, nb)).sum(-1).reshape(-1)
+        dq[seg.q_index] = rotate((dq_seq.reshape(hkv * group, sq, dqk) * call.scale).permute(1, 0, 2), cos, sin,
+                                 transpose=True)
+        dk[seg.k_index] = rotate(dk_seq.permute(1, 0, 2), cos, sin, transpose=True)
+        dv[seg.k_index] = dv_seq.permute(1, 0, 2)
     return {"dq": dq, "dk": dk, "dv": dv, "dbias": dbias, "dsinks": dsinks}

@@ -271,7 +271,7 @@ def known_limit(q: Tensor, k: Tensor, v: Tensor, **options) -> dict[str, str]:
         return {}
     if float(seen.max()) == 1.0:
         return {name: ONE_KEY_REASON for name in ONE_KEY_OUTPUTS}
-    if weight_off_top_key(q, k, v, **options) < ONE_KEY_IN_EFFECT:
+    if weight_off_top_key(q, k, v, stop_at=ONE_KEY_IN_EFFECT, **options) < ONE_KEY_IN_EFFECT:
         return {name: ONE_KEY_IN_EFFECT_REASON for name in ONE_KEY_OUTPUTS}
     return {}
 

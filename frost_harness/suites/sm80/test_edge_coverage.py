@@ -20,7 +20,6 @@ import dataclasses
 import math
 
 import pytest
-import torch
 from _pytest.mark.expression import Expression
 
 from frost.engines.sm80 import Sm80Backward, Sm80Forward
@@ -100,30 +99,19 @@ def bands_and_tiles(direction: str, feature: str, dtype, dims) -> list[tuple[Ban
     case = dataclasses.replace(gpu_cases.case(direction, feature, dtype, dims), device="cpu", poison=False)
     inputs = make_inputs(case)
     kw = inputs.keywords
+    problem, _ = prepare("forward", inputs.q, inputs.k, inputs.v, **kw)
     if direction == "forward":
-        problem, _ = prepare("forward", inputs.q, inputs.k, inputs.v, **kw)
         params = Sm80Forward().records(problem)[0]
-    else:
-        o = inputs.do.new_zeros(inputs.do.shape)
-        lse = o.new_zeros(_lse_shape(o), dtype=torch.float32)
-        problem, _ = prepare("backward", inputs.q, inputs.k, inputs.v, o=o, lse=lse, do=inputs.do, **kw)
-        params = Sm80Backward().records(problem)[1]
-    if case.layout == "thd":
-        lengths = list(zip(case.lengths_q, case.lengths_k))
-    elif case.lengths_q is not None:
-        lengths = list(zip(case.lengths_q, case.lengths_k))
-    else:
-        lengths = [(case.seqlen_q, case.seqlen_k)]
+    else:  # the records read facts only: the forward's, as a backward
+        params = Sm80Backward().records(dataclasses.replace(problem, direction="backward"))[1]
+    lengths = (list(zip(case.lengths_q, case.lengths_k)) if case.lengths_q is not None  # packed or padded
+               else [(case.seqlen_q, case.seqlen_k)])
     left, right = problem.window_left, problem.window_right
     bands = []
     for sq, sk in lengths:
         delta = sk - sq if problem.causal_align == "bottom_right" and (left >= 0 or right >= 0) else 0
         bands.append(Band(sq, sk, delta, left if left >= 0 else None, right if right >= 0 else None))
     return [(band, params.tile_m, params.tile_n) for band in bands]
-
-
-def _lse_shape(o):
-    return (o.shape[0], o.shape[2], o.shape[1]) if o.dim() == 4 else (o.shape[1], o.shape[0])
 
 
 def _grid_values(direction: str) -> list[tuple]:
