@@ -18,7 +18,7 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
     dS -> dbias                     with a bias: stored or reduced per element (bias.py)
     P, dS -> shared (io dtype); barrier
     dV += P^T.dO                    mma (dkv layout, operands via ldmatrix.trans)
-    dQ = dS.K -> reductions         (not in deterministic mode)
+    dQ = dS.K -> reductions         (deterministic mode: only ordered, below)
     dK += dS^T.Q                    issued after the dQ reductions, which drain under it
 
 dQ goes to a flat fp32 accumulator (``seqlen.py``): each query block owns a
@@ -42,7 +42,8 @@ first (the heavy-first order under a causal mask), so a CTA only ever waits on
 CTAs launched before it (no deadlock), and a CTA walks its query blocks from
 the highest down: the key blocks of one column that run at once all start on
 the same (last) query block and then move in step, each a fraction of a step
-behind the one before it. Fixed order, fixed fp32 sums: bitwise reproducible,
+behind the one before it (a CTA with several query heads visits them all on a block before
+moving down: ``step_coords``). Fixed order, fixed fp32 sums: bitwise reproducible,
 with no dQ recompute pass. Rotated (``dq_rotated``, unmasked problems whose key blocks of
 one head fit on the device at once): key block n walks query blocks from block n on
 (order.py), key blocks launched in grid order, and a query block's turn order is the
@@ -209,12 +210,11 @@ def bwd_kernel(
     load_kv(setup.gmem_tiled_copy_load, tidx, mK, mV, sK, sV, seqlen, batch, head_kv, n_block)
     num_steps = num_m_blocks * heads_per_cta
     if num_steps > 0:
-        loads.issue(first_head, step_m_block(0, n_block, m_block_min, m_block_max, num_m_blocks), 0)
+        loads.issue(*step_coords(0, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks), 0)
     cute.arch.cp_async_commit_group()
 
     for i in cutlass.range(num_steps, unroll=1):
-        head = first_head + i // num_m_blocks
-        m_block = step_m_block(i, n_block, m_block_min, m_block_max, num_m_blocks)
+        head, m_block = step_coords(i, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks)
         stage = i % STAGES
         gLSE2 = cute.local_tile(seqlen.lse_row(mLSE2, batch, head), (TILE_M,), (m_block,))
         gD = cute.local_tile(seqlen.lse_row(mD, batch, head), (TILE_M,), (m_block,))
@@ -228,8 +228,9 @@ def bwd_kernel(
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # this step's Q, dO landed; every warp is done with the previous step
         if i + 1 < num_steps:
-            loads.issue(first_head + (i + 1) // num_m_blocks,
-                        step_m_block(i + 1, n_block, m_block_min, m_block_max, num_m_blocks), 1 - stage)
+            next_head, next_m_block = step_coords(i + 1, first_head, heads_per_cta, n_block, m_block_min, m_block_max,
+                                                  num_m_blocks)  # fmt: skip
+            loads.issue(next_head, next_m_block, 1 - stage)
         cute.arch.cp_async_commit_group()
 
         bias = ScoreBias.create(mBias, batch, head, seqlen, scale_log2, TILE_M, TILE_N) if const_expr(HAS_BIAS) else None
@@ -425,15 +426,19 @@ def reduce_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
             cute.arch.atomic_add(target, values)
 
 
-def step_m_block(i, n_block, m_block_min, m_block_max, num_m_blocks):
-    """The query block of step ``i`` of a head: ascending; under ordered dQ descending (see
-    "Ordered dQ": the CTAs of a column then start on the same block), or rotated by the key block
-    (``ROTATED``, order.py: they start on different ones)."""
+def step_coords(i, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks):
+    """The (query head, query block) of step ``i``: the CTA's heads one after another, each
+    walking its query blocks ascending; rotated by the key block (``ROTATED``, order.py: the CTAs
+    of a column start on different blocks); under ordered dQ otherwise the shared walk
+    (order.py: blocks descending, heads the fastest index, so that no key block waits at a
+    head's first block for the lower ones to finish the head before)."""
+    if const_expr(ORDERED and not ROTATED):
+        head_offset, m_block = order.ordered_coords(i, heads_per_cta, m_block_max)
+        return first_head + head_offset, m_block
+    head = first_head + i // num_m_blocks
     if const_expr(ROTATED):
-        return m_block_min + order.rotated_m_block(n_block, i % num_m_blocks, num_m_blocks)
-    if const_expr(ORDERED):
-        return m_block_max - 1 - i % num_m_blocks
-    return m_block_min + i % num_m_blocks
+        return head, m_block_min + order.rotated_m_block(n_block, i % num_m_blocks, num_m_blocks)
+    return head, m_block_min + i % num_m_blocks
 
 
 @cute.jit
@@ -475,7 +480,13 @@ def pass_turn(counter, tidx):
     the barrier orders each thread's reductions before thread 0's release (CTA scope), and
     the release is cumulative, so an acquirer of the new count is ordered after all of them
     (PTX memory model; the pattern of CUTLASS's ``Barrier::arrive_inc``). A fence here
-    would stall every thread until its reductions reached L2."""
+    would stall every thread until its reductions reached L2.
+
+    Released here, after the dK product under which the reductions drain. Tried: releasing in
+    the middle of the next step, after its score products (one barrier less per step, the
+    reductions long landed): deterministic mode cost 3-13% more on every MHA benchmark shape
+    (H200, benchmarks/NOTES.md), likely because the release then also waits for the next step's
+    Q / dO loads that thread 0 has in flight by then."""
     cute.arch.barrier()
     if tidx == 0:
         cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")

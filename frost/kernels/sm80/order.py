@@ -1,5 +1,14 @@
 """The order in which the key blocks of one head reduce into a query block's dQ (ordered dQ,
-deterministic mode: sm80/bwd.py), for the rotated walk.
+deterministic mode: sm80/bwd.py): the walk of a CTA's steps, shared or rotated.
+
+Shared walk (``ordered_coords``, any mask): a key block visits its query blocks from its last
+down, and the query heads of its GQA share are the fastest index: at step ``i`` it is on head
+``i % heads`` of block ``m_block_max - 1 - i // heads``. The turns go by key block, lowest first.
+Under a causal or window mask the key blocks of a column see different numbers of query blocks;
+with the heads the fastest index every one reaches (h, m) at step ``(m_block_max - 1 - m) * heads
++ h``, where ``m_block_max`` (one past its last block) grows with the key block, so a lower key
+block is never later than a higher one. With the heads outer, a key block that saw few blocks of
+head h would reach head h+1 early and wait there for the lowest, which sees them all.
 
 Rotated walk (``BwdParams.dq_rotated``, unmasked problems): key block ``n`` visits query block
 ``(n + i) mod M`` at its step ``i`` (M query blocks, N key blocks of the sequence), so at any step
@@ -17,6 +26,11 @@ kernel (``cutlass.min`` / ``cutlass.max`` on Int32) and the host's tests (``min`
 the same code.
 """
 from __future__ import annotations
+
+
+def ordered_coords(step, heads, m_block_max):
+    """The shared walk's (head offset in the CTA's share, query block) at ``step``."""
+    return step % heads, m_block_max - 1 - step // heads
 
 
 def rotated_step(n_block, m_block, num_m):
