@@ -8,7 +8,7 @@ Each mutant of ``frost_harness.fuzz.mutants.CATALOGUE`` is applied to its own te
 packages ``frost`` and ``frost_harness``, from the checkout or from site-packages (which are never
 touched), and the chosen suites (paths relative to that copy's root) run against that copy with
 ``-x``: first the few tests most likely to kill it (``Mutant.first_tests``, a -k expression, in
-one process), then, unless they killed it, the whole selection on ``-n`` workers. A failing
+one process or on ``--focus-workers``), then, unless they killed it, the whole selection on ``-n`` workers. A failing
 test kills the mutant (the first one is recorded), a run past ``--timeout``
 kills it as a hang, a clean pass is a survivor. Mutants with a written equivalence argument are
 listed but left out of the score. The unmutated tree runs first and must pass with tests
@@ -123,9 +123,11 @@ def judge(mutant: Mutant, args, scratch: Path) -> Outcome:
         return Outcome(mutant.name, mutant.category, "equivalent", detail=mutant.equivalent)
     tree = copy_tree(scratch / mutant.name)
     mutant.apply(tree)
-    # its likeliest killers first, a few tests in one process (no workers to start, each compiling
-    # its own copy of the records); anything but a kill there runs the whole selection
-    returncode, output, seconds = run_suites(tree, args, select=mutant.first_tests, workers=1)
+    # its likeliest killers first, a few tests in one process by default (no workers to start,
+    # each compiling its own copy of the records; ``--focus-workers`` spreads the compiles of a
+    # focus whose tests need different records); anything but a kill there runs the whole selection
+    focus_workers = getattr(args, "focus_workers", 1)
+    returncode, output, seconds = run_suites(tree, args, select=mutant.first_tests, workers=focus_workers)
     verdict, first = classify(returncode, output)
     if verdict not in ("killed", "timed out"):
         returncode, output, more = run_suites(tree, args)
@@ -203,6 +205,8 @@ def main(argv=None) -> int:
     parser.add_argument("--marker", default="L0 and gpu")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants judged at once")
     parser.add_argument("-n", "--workers", type=int, default=4, help="pytest-xdist workers per mutant")
+    parser.add_argument("--focus-workers", type=int, default=1,
+                        help="xdist workers for a mutant's focus tests (1: one process)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant before it counts as a hang")
     parser.add_argument("--out", default=os.environ.get("OUT") or f"frost-out/mutate-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--budget", type=float, default=None,

@@ -180,6 +180,20 @@ def test_first_tests_speed_a_kill_but_never_decide_a_survivor(tmp_path, monkeypa
 
 
 @pytest.mark.L0
+def test_the_focus_runs_on_the_focus_workers_when_asked(tmp_path, monkeypatch):
+    """``--focus-workers N`` spreads a focus's compiles over N xdist workers; a kill there is final."""
+    runs = []
+    monkeypatch.setattr(mutate, "run_suites", lambda tree, args, select=None, workers=None: (
+        runs.append((select, workers)) or (1, "FAILED a.py::t_first\n1 failed", 1.0)))
+    monkeypatch.setattr(mutate, "copy_tree", lambda dest: dest)
+    monkeypatch.setattr(Mutant, "apply", lambda self, root: None)
+    mutant = next(m for m in CATALOGUE if m.category == "bias")
+    args = mutate.main.__globals__["argparse"].Namespace(focus_workers=3)
+    outcome = mutate.judge(mutant, args, tmp_path)
+    assert (outcome.verdict, runs) == ("killed", [(mutant.first_tests, 3)])
+
+
+@pytest.mark.L0
 def test_a_hang_is_killed_with_its_process_group_and_a_deadline_cut_is_not_a_verdict(tmp_path, monkeypatch):
     """A run past its limit kills every process of its group; one cut by --stop-after is 'not run'
     (nothing was learned), never 'timed out', which would count as a kill."""

@@ -67,9 +67,14 @@ def test_two_workers_each_use_their_own_device(tmp_path, capsys):
     status = nightly.main(["--budget", "40s", "--regime", "cpu", "--devices", "7,3", "--workers", "2", "--seed", "1",
                            "--out", str(tmp_path / "run"), "--", "-k", "forward_matches or routing"])  # fmt: skip
     elapsed = time.time() - started
-    assert status == 0
     assert elapsed < 70, f"a 40 s budget took {elapsed:.0f} s"
     run = tmp_path / "run"
+    meta = json.loads((run / "run.json").read_text())
+    # This test is about the runner. How far 40 s of search gets depends on the machine, and it can
+    # reach a problem the rule fails (one is pinned in test_oracle.py as a known failure): such a
+    # finding is exit 1 with property failures only; a crash or a runner error still fails here.
+    findings = all("PropertyFailure: forward_matches_oracle failed on engine" in p for p in meta["problems"])
+    assert status == 0 or (status == 1 and meta["problems"] and findings), meta["verdict"]
     logs = sorted((run / "records").glob("fuzz-*.jsonl"))
     assert [path.name for path in logs] == ["fuzz-gw0.jsonl", "fuzz-gw1.jsonl"], "a worker ran no fuzz chunk"
     chunks = pd.concat(pd.read_json(path, lines=True) for path in logs)
@@ -80,7 +85,6 @@ def test_two_workers_each_use_their_own_device(tmp_path, capsys):
     cases = pd.read_csv(run / "cases.csv.gz", dtype={"gpu": str})
     assert set(zip(cases["worker"], cases["gpu"])) == {("gw0", "7"), ("gw1", "3")}
     assert set(cases["property"]) == {"forward_matches_oracle"}
-    meta = json.loads((run / "run.json").read_text())
     assert meta["key"] == "fuzz-cpu" and meta["devices"] == "7,3" and meta["workers"] == 2
     assert meta["prewarm"] is None and meta["pool"] is None and 0 < meta["fuzz_s"] <= meta["wall_s"]
     rates = fuzzlog.parse_throughput(capsys.readouterr().out)
