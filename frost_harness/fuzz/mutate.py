@@ -8,10 +8,10 @@ Each mutant of ``frost_harness.fuzz.mutants.CATALOGUE`` is applied to its own te
 packages ``frost`` and ``frost_harness``, from the checkout or from site-packages (which are never
 touched), and the chosen suites (paths relative to that copy's root) run against that copy with
 ``-x``: first the few tests most likely to kill it (``Mutant.first_tests``, a -k expression, in
-one process or on ``--focus-workers``), then, unless they killed it, the whole selection on ``-n`` workers. A failing
-test kills the mutant (the first one is recorded), a run past ``--timeout``
-kills it as a hang, a clean pass is a survivor. Mutants with a written equivalence argument are
-listed but left out of the score. The unmutated tree runs first and must pass with tests
+one process or on ``--focus-workers``), then, unless they killed it, the whole selection on
+``-n`` workers. A failing test kills the mutant (the first one is recorded), a run past
+``--timeout`` kills it as a hang, a clean pass is a survivor. Mutants with a written
+equivalence argument are listed but left out of the score. The unmutated tree runs first and must pass with tests
 executed, otherwise nothing is judged (a GPU-less machine would otherwise "kill" nothing and
 let every mutant survive on skips). Results go to ``<out>``: ``mutants.json``, ``mutants.md``,
 ``run.json`` (the score, its target, the survivors) and ``report.html``.

@@ -42,8 +42,7 @@ Rule 2 applies from ``L2_MIN_ELEMENTS`` (64) compared elements, as SEMANTICS.md 
 it; the count leaves out positions where the engine and the baseline are both exact, their
 errors below float32's resolution at the output's scale (``EXACT_AT_SCALE``): 0 where the
 contract fixes 0, or o = v on a softmax row one-hot in effect. They carry no rounding error to
-measure. ``l2_min_elements`` changes the threshold for
-a caller that writes down why.
+measure. ``l2_min_elements`` changes the threshold for a caller that writes down why.
 
 The contract's known limit, and the only output a rule may leave unjudged: where every
 softmax row sees exactly one key and no sink (window (0, 0), every Sk_b = 1, -inf bias

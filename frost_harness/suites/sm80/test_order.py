@@ -105,8 +105,8 @@ def _causal_residency(num_blocks: int, heads: int, heads_inner: bool) -> list[in
 def test_shared_walk_keeps_masked_key_blocks_at_their_own_pace(num_blocks, heads):
     """Heads inner: key block n holds its SM for its own steps plus the one-time lag of the n
     below it; heads outer: past the first head it waits for the lowest key block on every head,
-    so every key block is resident nearly as long as the heaviest (what made deterministic mode
-    cost 1.3-1.5x on causal GQA / MQA)."""
+    so every key block is resident nearly as long as the heaviest (a likely share of deterministic
+    mode's 1.3-1.5x on causal GQA / MQA before: benchmarks/NOTES.md)."""
     inner = _causal_residency(num_blocks, heads, heads_inner=True)
     outer = _causal_residency(num_blocks, heads, heads_inner=False)
     assert inner == [heads * (num_blocks - n) + n for n in range(num_blocks)]
