@@ -35,7 +35,7 @@ FIRST_TESTS = {
     "lse/D": "test_fwd_sm80_matches_oracle or test_bwd_sm80_matches_oracle",
     "partial head dim": "every_dtype_and_flavor or hdim",
     "head dim": "every_dtype_and_flavor or hdim",
-    "race": "test_fwd_sm80_matches_oracle or test_bwd_sm80_matches_oracle or bitwise",
+    "race": "test_fwd_sm80_matches_oracle or test_bwd_sm80_matches_oracle or bitwise or racecheck",
     "zeroing": "test_fwd_sm80_matches_oracle or test_bwd_sm80_matches_oracle",
     "dq accumulator": "other_dq_reduce_width or deterministic",
     "bias": "bias",
@@ -76,7 +76,9 @@ FOCUS = {
     "store-rows-edge": _FWD + "(edge_lengths or padding-torch or edge_thd or single_row)",
     "bwd-pds-barrier": "test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs or " + _BWD + "dense",
     "fwd-v-wait": _FWD + "(dense or causal-torch or window_right)",
-    "bwd-dq-k-barrier": "test_bwd_sm80_recompute_deterministic_matches_oracle and (causal or gqa or mqa)",
+    # the refill may overwrite sK under a lagging warp's read, but three GPU runs of the numerical
+    # tests (190-265 s) saw no wrong result: racecheck sees the missing synchronisation itself
+    "bwd-dq-k-barrier": "racecheck or test_bwd_sm80_recompute_deterministic_matches_oracle and (causal or gqa)",
     "accum-zero-last-block": _BWD + "(dense or thd-torch or edge_thd)",
     "fwd-acc-o-unzeroed": _FWD + "dense",
     "dp-unzeroed": _BWD + "dense",
@@ -88,7 +90,10 @@ FOCUS = {
     "combine-head-dim-guard": "test_hdim_bwd_matches_oracle and (d168 or d160x96)",
     "bias-units": "test_fwd_sm80_bias_matches_oracle and (bias_BH-torch or bias_1H_causal)",
     "bias-broadcast-heads": "test_fwd_sm80_bias_matches_oracle and (bias_1H_causal or bias_11_gqa)",
-    "dbias-cols": "test_bwd_sm80_bias_matches_oracle and (bias_BH_padding or bias_1H_padding_holes) and default",
+    # one key past the sequence is a padded key (dS = 0 there: harmless) unless the sequence
+    # fills the bias: then it is the next row's first key, or past the end into the guard
+    # (bias_BH: 300 keys, not a tile multiple, dbias stored, not added)
+    "dbias-cols": "test_bwd_sm80_bias_matches_oracle and bias_BH-torch and default",
     "rope-inverse-sign": "test_rope_sm80_backward_matches_oracle",
     "rope-second-half": "test_rope_pass_alone_matches_the_rotation",
 }

@@ -9,11 +9,14 @@ packages ``frost`` and ``frost_harness``, from the checkout or from site-package
 touched), and the chosen suites (paths relative to that copy's root) run against that copy with
 ``-x``: first the few tests most likely to kill it (``Mutant.first_tests``, a -k expression, in
 one process or on ``--focus-workers``), then, unless they killed it, the whole selection on
-``-n`` workers. A failing test kills the mutant (the first one is recorded), a run past
-``--timeout`` kills it as a hang, a clean pass is a survivor. Mutants with a written
-equivalence argument are listed but left out of the score. The unmutated tree runs first and must pass with tests
-executed, otherwise nothing is judged (a GPU-less machine would otherwise "kill" nothing and
-let every mutant survive on skips). Results go to ``<out>``: ``mutants.json``, ``mutants.md``,
+``-n`` workers. Every run shares one compile cache on disk (``--cache-dir``, frost's own by
+default): a mutant's edited templates get keys of their own (the key digests the sources), so
+only they compile, once per mutant, and what the untouched templates need is loaded, e.g. from
+a cache ``frost-compile`` filled ahead of time. A failing test kills the mutant (the first one
+is recorded), a run past ``--timeout`` kills it as a hang, a clean pass is a survivor. Mutants
+with a written equivalence argument are listed but left out of the score. The unmutated tree
+runs first and must pass with tests executed, otherwise nothing is judged (a GPU-less machine
+would otherwise "kill" nothing and let every mutant survive on skips). Results go to ``<out>``: ``mutants.json``, ``mutants.md``,
 ``run.json`` (the score, its target, the survivors) and ``report.html``.
 
 A catalogue run can be split over several sessions: ``--stop-after`` ends a run at a wall-clock
@@ -96,6 +99,7 @@ def run_suites(tree: Path, args, select: str | None = None, workers: int | None 
     workers = args.workers if workers is None else workers
     options = ["-m", args.marker, "-x", "-q"] + ["-n", str(workers) if workers > 1 else "0"]
     options += ["-k", select] if select else []
+    options += [f"--frost-cache-dir={args.cache_dir}"] if getattr(args, "cache_dir", "") else []
     cmd = invocation.pytest_command(options, [], [tree / suite for suite in args.suites], root=tree)
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     start = time.monotonic()
@@ -190,6 +194,13 @@ def write_report(outcomes: list[Outcome], out: Path, args) -> str:
     return lines[0]
 
 
+def default_cache_dir() -> str:
+    """frost's compile cache directory ('' when the disk cache is off): the suite runs share it."""
+    from frost.kernels import disk_cache
+
+    return str(disk_cache.cache_dir() or "")
+
+
 def list_catalogue() -> str:
     rows = [f"{m.name:26} {m.category:18} {m.path:36} {m.why}" + (" [equivalent]" if m.equivalent else "")
             for m in CATALOGUE]
@@ -215,11 +226,15 @@ def main(argv=None) -> int:
                         help="seconds: stop running mutants then and list them as not run (never as hangs)")
     parser.add_argument("--resume", metavar="JSON",
                         help="an earlier run's mutants.json: its verdicts are kept and only the rest judged")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help="the compile cache on disk that every suite run shares (default: frost's, "
+                             "FROST_CACHE_DIR or ~/.cache/frost; '' gives each test process a fresh one)")
     parser.add_argument("--baseline-log", metavar="LOG",
                         help="a pytest log of these suites (or a superset) on this tree, run just before: "
                              "judged instead of running the unmutated suites again")
     args = parser.parse_args(argv)
     args.suites = args.suites or list(DEFAULT_SUITES)
+    args.cache_dir = default_cache_dir() if args.cache_dir is None else args.cache_dir
     if args.list:
         print(list_catalogue())
         return 0

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
+import shutil
 import sys
+from pathlib import Path
 
 import torch
 
@@ -143,6 +146,21 @@ def rotated_walk_applies(problem) -> bool:
 def _non_finite(name: str, mode: str, **outputs) -> list[str]:
     return [f"{name} {mode}: {key} has non-finite values" for key, x in outputs.items()
             if x is not None and not bool(torch.isfinite(x).all())]
+
+
+TOOLKIT_HOMES = ("/usr/local/cuda",)  # where a CUDA toolkit lives when no variable says
+
+
+def compute_sanitizer() -> str | None:
+    """The CUDA toolkit's ``compute-sanitizer``: on PATH, else under CUDA_HOME / CUDA_PATH or
+    ``TOOLKIT_HOMES``; None when none is found."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), *TOOLKIT_HOMES]
+    candidates = [Path(home) / sub / "compute-sanitizer" for home in homes if home
+                  for sub in ("bin", "compute-sanitizer")]  # fmt: skip
+    return next((str(c) for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
 
 
 def main(argv=None) -> int:

@@ -150,6 +150,25 @@ def test_a_mutant_tree_is_the_two_packages_and_runs_its_own_suites(tmp_path, mon
 
 
 @pytest.mark.L0
+def test_every_suite_run_shares_the_chosen_compile_cache(tmp_path, monkeypatch):
+    """``--cache-dir`` reaches each pytest run as ``--frost-cache-dir``; the default is frost's
+    own cache directory, and '' leaves each test process its fresh one."""
+    seen = []
+    monkeypatch.setattr(mutate.invocation, "pytest_command", lambda options, *a, **k: seen.append(options) or ["true"])
+    args = mutate.main.__globals__["argparse"].Namespace(marker="L0 and gpu", suites=["s"], workers=1, timeout=5,
+                                                         cache_dir=str(tmp_path / "c"))  # fmt: skip
+    mutate.run_suites(tmp_path, args)
+    args.cache_dir = ""
+    mutate.run_suites(tmp_path, args)
+    assert f"--frost-cache-dir={tmp_path / 'c'}" in seen[0]
+    assert not any(o.startswith("--frost-cache-dir") for o in seen[1])
+    monkeypatch.setenv("FROST_CACHE_DIR", str(tmp_path / "mine"))
+    assert mutate.default_cache_dir() == str(tmp_path / "mine")
+    monkeypatch.setenv("FROST_DISK_CACHE", "0")
+    assert mutate.default_cache_dir() == ""
+
+
+@pytest.mark.L0
 def test_first_tests_speed_a_kill_but_never_decide_a_survivor(tmp_path, monkeypatch):
     """Every family has its first tests; a kill there ends the judging, anything else (a pass, a
     selection of no tests) runs the whole selection, which alone decides a survivor."""
@@ -251,6 +270,7 @@ def test_each_focus_selects_a_few_l0_gpu_tests():
     from _pytest.mark.expression import Expression
 
     files = [f"frost_harness/suites/sm80/test_{name}_gpu.py" for name in ("fwd", "bwd", "hdim", "rope")]
+    files.append("frost_harness/suites/sm80/test_sanitize_grid.py")  # the racecheck test
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "L0", "-p", "no:cacheprovider",
                              *files], cwd=ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
     ids = [line for line in listed.splitlines() if "::" in line]

@@ -5,6 +5,10 @@ accepts, with finite outputs); on a GPU through the forced sm80 engines, the dQ 
 """
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 
 from frost.kernels.sm80 import sanitize
@@ -46,3 +50,46 @@ def test_rotated_mode_runs_on_the_unmasked_features():
     masked = {n for n, (_, kw, _) in sanitize.FEATURES.items() if {"causal", "window"} & set(kw)}
     assert applies and not applies & masked
     assert {"dense_d64", "dense_d128_fp16", "partial_hdim", "strided"} <= applies
+
+
+# every kernel of the sm80 engines but the split combine and the RoPE pass: the forward, the
+# backward's default, ordered-dQ and recompute modes (causal) and the rotated walk (dense)
+RACECHECK_FEATURES = ("causal", "dense_d64")
+
+
+@pytest.mark.L0
+@pytest.mark.gpu
+def test_kernels_are_race_free_under_racecheck():
+    """compute-sanitizer's racecheck finds no shared-memory hazard in the kernels. A missing
+    barrier before a refill of a shared tile can pass every numerical test (the refill lands
+    after the lagging warp's read at the timing of the day); racecheck sees the missing
+    synchronisation itself. Without the tool the test fails: L0 on a GPU machine needs it."""
+    from frost.kernels.sm80 import sanitize
+
+    tool = sanitize.compute_sanitizer()
+    if tool is None:
+        pytest.fail("compute-sanitizer (CUDA toolkit) not found on PATH, under CUDA_HOME or /usr/local/cuda: "
+                    "install it, or deselect this test with -k 'not racecheck'")
+    command = [tool, "--tool", "racecheck", "--error-exitcode", "1", sys.executable, "-m",
+               "frost.kernels.sm80.sanitize", "--only", ",".join(RACECHECK_FEATURES)]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-6000:]
+    assert re.search(r"RACECHECK SUMMARY: 0 hazards", output), output[-6000:]
+    assert f"sanitize: {len(RACECHECK_FEATURES)} features" in output, output[-6000:]
+
+
+@pytest.mark.L0
+def test_compute_sanitizer_is_found_under_cuda_home(tmp_path, monkeypatch):
+    from frost.kernels.sm80 import sanitize
+
+    tool = tmp_path / "bin" / "compute-sanitizer"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(sanitize, "TOOLKIT_HOMES", ())
+    assert sanitize.compute_sanitizer() is None  # not executable
+    tool.chmod(0o755)
+    assert sanitize.compute_sanitizer() == str(tool)
