@@ -247,26 +247,20 @@ def check(outputs: Mapping[str, Tensor | None], reference: Mapping[str, Tensor |
 
 
 def check_forward(outputs: tuple[Tensor, Tensor], reference: tuple[Tensor, Tensor],
-                  baseline: tuple[Tensor, Tensor], *, io_dtype: torch.dtype,
-                  exclude: Mapping[str, Tensor] | None = None,
-                  l2_min_elements: int = L2_MIN_ELEMENTS,
-                  slack: Mapping[str, Tensor] | None = None) -> dict[str, Verdict]:
-    """``check`` for ``(o, lse)`` tuples."""
+                  baseline: tuple[Tensor, Tensor], *, io_dtype: torch.dtype, **judging) -> dict[str, Verdict]:
+    """``check`` for ``(o, lse)`` tuples; ``judging``: ``check``'s keywords."""
     def named(pair):
         return dict(zip(("o", "lse"), pair))
-    return check(named(outputs), named(reference), named(baseline), io_dtype=io_dtype, exclude=exclude,
-                 l2_min_elements=l2_min_elements, slack=slack)
+    return check(named(outputs), named(reference), named(baseline), io_dtype=io_dtype, **judging)
 
 
 def check_backward(outputs, reference: Grads, baseline: Grads, *, io_dtype: torch.dtype,
-                   exclude: Mapping[str, Tensor] | None = None, l2_min_elements: int = L2_MIN_ELEMENTS,
-                   exempt: Mapping[str, str] | None = None,
-                   slack: Mapping[str, Tensor] | None = None) -> dict[str, Verdict]:
-    """``check`` for gradient records: any object with Grads' field names (frost's own too)."""
+                   **judging) -> dict[str, Verdict]:
+    """``check`` for gradient records: any object with Grads' field names (frost's own too);
+    ``judging``: ``check``'s keywords."""
     def named(grads):
         return {name: getattr(grads, name, None) for name in GRAD_NAMES}
-    return check(named(outputs), named(reference), named(baseline), io_dtype=io_dtype, exclude=exclude,
-                 l2_min_elements=l2_min_elements, exempt=exempt, slack=slack)
+    return check(named(outputs), named(reference), named(baseline), io_dtype=io_dtype, **judging)
 
 
 def known_limit(q: Tensor, k: Tensor, v: Tensor, **options) -> dict[str, str]:
