@@ -28,9 +28,9 @@ a mask; the mask requires grad in the backward); the ratio column is frost / eff
 ``--variants`` adds backward columns for the engine's choices, forced one at a
 time through the plan: ``det_rec`` (deterministic mode with dQ recomputed by the bwd_dq pass
 instead of reduced in a fixed order, the deterministic default; ``det_rec cost`` its time over
-the default plan's), ``det_rot`` (deterministic mode with the ordered dQ's rotated walk,
-``Sm80Backward(rotated_dq=True)``, where it applies: unmasked problems; elsewhere the same plan
-as the default; ``det_rot cost`` likewise), ``w4`` (dQ reduced 4
+the default plan's), ``det_shared`` (deterministic mode with the ordered dQ's shared walk,
+``Sm80Backward(rotated_dq=False)``; the default takes the rotated walk where it applies, unmasked
+problems, and elsewhere this is the default's plan; ``det_shared cost`` likewise), ``w4`` (dQ reduced 4
 floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on``
 (launch order), ``nosplit`` (GQA group unsplit). With ``--hdims`` it adds forward
 columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
@@ -245,7 +245,7 @@ def precompile(chosen, direction: str, variants: bool, jobs: int, rope: bool = F
             records += engine.records(det_problem)
             if variants and isinstance(engine, Sm80Backward):
                 records += Sm80Backward(ordered_dq=False).records(det_problem)
-                records += Sm80Backward(rotated_dq=True).records(det_problem)
+                records += Sm80Backward(rotated_dq=False).records(det_problem)
                 for variant in backward_variants(hq, hkv, d).values():
                     try:
                         records += variant.records(problem)
@@ -285,11 +285,11 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
         row["det_rec"] = flops / _bench(lambda: recompute.execute(det_tensors, out=grads, workspace=space),
                                         reps_ms) / 1e9
         row["det_rec cost"] = row["frost_plan"] / row["det_rec"]
-        rotated = Sm80Backward(rotated_dq=True).compile(det_problem)  # the ordered walk rotated, where it applies
-        space = torch.empty(rotated.workspace_bytes, dtype=torch.uint8, device="cuda")
-        row["det_rot"] = flops / _bench(lambda: rotated.execute(det_tensors, out=grads, workspace=space),
-                                        reps_ms) / 1e9
-        row["det_rot cost"] = row["frost_plan"] / row["det_rot"]
+        shared = Sm80Backward(rotated_dq=False).compile(det_problem)  # the ordered dQ's shared walk
+        space = torch.empty(shared.workspace_bytes, dtype=torch.uint8, device="cuda")
+        row["det_shared"] = flops / _bench(lambda: shared.execute(det_tensors, out=grads, workspace=space),
+                                           reps_ms) / 1e9
+        row["det_shared cost"] = row["frost_plan"] / row["det_shared"]
         for name, variant_engine in backward_variants(hq, hkv, d).items():
             try:
                 variant = variant_engine.compile(problem)
@@ -440,7 +440,7 @@ def print_rope_table(rows: list[dict]) -> None:
 
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
-    named = ["split", "frost_det", "det cost", "det_rec", "det_rec cost", "det_rot", "det_rot cost", "w4", "hf_off",
+    named = ["split", "frost_det", "det cost", "det_rec", "det_rec cost", "det_shared", "det_shared cost", "w4", "hf_off",
              "hf_on", "nosplit",
              "t128x64", "t64x128", "t64x64"]
     named += sorted({c for r in rows for c in r if c.startswith("f") and c[1:2].isdigit()})  # forward variants
@@ -450,7 +450,7 @@ def print_table(rows: list[dict]) -> None:
     print("| " + " | ".join(cols) + " | notes |")
     print("|" + "---|" * (len(cols) + 1))
     for r in rows:
-        cells = [f"{r[c]:.3f}" if c in ("frost/flash", "det cost", "det_rec cost", "det_rot cost") else f"{r[c]:.1f}" if isinstance(r.get(c), float)
+        cells = [f"{r[c]:.3f}" if c in ("frost/flash", "det cost", "det_rec cost", "det_shared cost") else f"{r[c]:.1f}" if isinstance(r.get(c), float)
                  else str(r.get(c, "")) for c in cols]  # fmt: skip
         print("| " + " | ".join(cells) + " | " + "; ".join(r["notes"]) + " |")
     served = [r for r in rows if r["frost/flash"] == r["frost/flash"]]  # flash refuses Dqk != Dv: NaN

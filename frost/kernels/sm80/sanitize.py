@@ -11,8 +11,9 @@ partial head dims, fp16 and bf16, the d64 and d128 flavors and the wide ones (d1
 RoPE (its pass: dense with 8-byte accesses, packed, padded), an additive bias (broadcast and
 not, float32 and io dtype, dense, padded, packed; GQA and MQA problems this small split their
 groups, so bwd_combine runs too). Each runs the forward, the backward in the
-default mode, and the deterministic mode three ways (ordered dQ, the default; the dQ
-recompute pass; the rotated ordered-dQ walk, on the features it applies to: no mask).
+default mode, and the deterministic mode three ways (ordered dQ, the default, on the rotated
+walk where it applies: no mask; the dQ recompute pass; the ordered dQ's shared walk, on the
+features where the default takes the rotated one).
 The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
 every output a kernel writes is finite where the contract makes it finite.
 
@@ -63,10 +64,11 @@ FEATURES = {
     "bias_BH_padded": ((2, 200, 190, 2, 2, 128, 128), dict(bias="BH", window=(37, 5)), "padded"),
     "bias_11_packed_io": ((3, 160, 150, 4, 2, 64, 64), dict(bias="11", bias_io=True), "packed"),
 }
-MODES = ("default", "deterministic", "recompute", "rotated")
-# deterministic: dQ reduced in order; the modes below force an engine choice: recompute, the
-# bwd_dq pass; rotated, the ordered dQ on the rotated walk (run only where it applies)
-_FORCED = {"recompute": dict(ordered_dq=False), "rotated": dict(ordered_dq=True, rotated_dq=True)}
+MODES = ("default", "deterministic", "recompute", "shared")
+# deterministic: dQ reduced in order (on the rotated walk where it applies); the modes below force
+# an engine choice: recompute, the bwd_dq pass; shared, the ordered dQ on the shared walk where
+# the default takes the rotated one (elsewhere it is the deterministic mode again: not run)
+_FORCED = {"recompute": dict(ordered_dq=False), "shared": dict(ordered_dq=True, rotated_dq=False)}
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
 _PACKED_K = (5, 80, 65)
 _PADDED_Q = (200, 0)      # the padded feature's valid lengths (an empty sequence)
@@ -118,7 +120,7 @@ def _offsets(lengths, device: str) -> torch.Tensor:
 def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", engine: str | None = "sm80") -> list[str]:
     """Run one feature through the forward and each backward mode; the problems found (non-finite
     outputs), as lines. ``device="cpu", engine=None`` runs the same calls on the CPU engines
-    (the recompute and rotated modes are the sm80 engine's own: give them only with that engine)."""
+    (the recompute and shared modes are the sm80 engine's own: give them only with that engine)."""
     gen = torch.Generator().manual_seed(seed)
     t, keywords = _inputs(name, gen, device)
     problems = []
@@ -128,7 +130,7 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
         call = dict(keywords, deterministic=mode != "default")
         if mode in _FORCED:
             problem, tensors = prepare("backward", t["q"], t["k"], t["v"], o=o, lse=lse, do=t["do"], **call)
-            if mode == "rotated" and not rotated_walk_applies(problem):
+            if mode == "shared" and not rotated_walk_applies(problem):
                 continue
             dq, dk, dv, dbias, dsinks = Sm80Backward(**_FORCED[mode]).compile(problem).execute(tensors)
         else:
@@ -139,8 +141,8 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
 
 
 def rotated_walk_applies(problem) -> bool:
-    """Whether the sm80 backward asked for the rotated ordered-dQ walk takes it for ``problem``."""
-    return Sm80Backward(**_FORCED["rotated"]).records(problem)[1].dq_rotated
+    """Whether the sm80 backward's deterministic mode takes the rotated ordered-dQ walk for ``problem``."""
+    return Sm80Backward(ordered_dq=True, rotated_dq=True).records(problem)[1].dq_rotated
 
 
 def _non_finite(name: str, mode: str, **outputs) -> list[str]:

@@ -23,6 +23,7 @@ import torch
 
 import frost
 from frost.dispatch import ledger
+from frost.problem import prepare
 from frost_harness.suites.sm80 import gpu_cases
 from frost_harness.suites.harness import Case, bits_equal, check, make_inputs, run_backward
 
@@ -325,14 +326,23 @@ ROTATED_CASES = {  # unmasked problems: where the rotated walk applies (sm80/ord
 
 
 @pytest.mark.L0
+@pytest.mark.parametrize("rotated", [True, False], ids=["rotated", "shared"])
 @pytest.mark.parametrize("name", list(ROTATED_CASES))
-def test_bwd_sm80_rotated_ordered_dq_matches_oracle_and_is_bitwise_stable(name, monkeypatch):
-    """The rotated walk (``Sm80Backward(rotated_dq=True)``): judged against the oracle, and 20
-    runs bit for bit; the plan took it (its record says so)."""
-    monkeypatch.setattr(_engine(), "rotated_dq", True)
+def test_bwd_sm80_rotated_ordered_dq_matches_oracle_and_is_bitwise_stable(name, rotated, monkeypatch):
+    """Both walks of the ordered dQ on unmasked problems: the rotated one (the default there) and
+    the shared one (``Sm80Backward(rotated_dq=False)``, the walk of masked problems): judged
+    against the oracle, and 20 runs bit for bit; the plan took the walk asked for."""
+    monkeypatch.setattr(_engine(), "rotated_dq", rotated)
     if name == "gqa_split":
         monkeypatch.setattr(_engine(), "split", 4)
     case = dataclasses.replace(gpu_cases.BASE, deterministic=True, **ROTATED_CASES[name])
     _assert_sm80(case)
     _assert_bitwise_over_20_runs(case)
-    assert any(getattr(key[1], "dq_rotated", False) for key in _bwd_cache_keys())
+    inputs = make_inputs(case)
+    o = torch.empty_like(inputs.do)
+    lse_shape = (o.shape[0], o.shape[2], o.shape[1]) if o.dim() == 4 else (o.shape[1], o.shape[0])
+    lse = o.new_empty(lse_shape, dtype=torch.float32)
+    problem, _ = prepare(DIRECTION, inputs.q, inputs.k, inputs.v, o=o, lse=lse, do=inputs.do, deterministic=True,
+                         **inputs.keywords)  # fmt: skip
+    main = _engine().records(problem)[1]
+    assert main.dq_ordered and main.dq_rotated == rotated

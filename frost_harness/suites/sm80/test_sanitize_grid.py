@@ -34,7 +34,9 @@ def test_grid_runs_on_the_sm80_engines(name):
 
 
 @pytest.mark.L0
-def test_rotated_mode_runs_on_the_unmasked_features():
+def test_both_walks_run_on_the_unmasked_features():
+    """Where the deterministic default takes the rotated walk (unmasked features), the shared
+    mode runs the shared one; masked features take the shared walk by default."""
     import dataclasses
 
     import torch
@@ -53,7 +55,8 @@ def test_rotated_mode_runs_on_the_unmasked_features():
 
 
 # every kernel of the sm80 engines but the split combine and the RoPE pass: the forward, the
-# backward's default, ordered-dQ and recompute modes (causal) and the rotated walk (dense)
+# backward's default and recompute modes, the ordered dQ on the shared walk (causal; dense, forced)
+# and on the rotated one (dense, the deterministic default there)
 RACECHECK_FEATURES = ("causal", "dense_d64")
 
 
