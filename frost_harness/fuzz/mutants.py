@@ -76,8 +76,8 @@ FOCUS = {
     "store-rows-edge": _FWD + "(edge_lengths or padding-torch or edge_thd or single_row)",
     "bwd-pds-barrier": "test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs or " + _BWD + "dense",
     "fwd-v-wait": _FWD + "(dense or causal-torch or window_right)",
-    # the refill may overwrite sK under a lagging warp's read, but three GPU runs of the numerical
-    # tests (190-265 s) saw no wrong result: racecheck sees the missing synchronisation itself
+    # the refill may overwrite sK under a lagging warp's read, but in three GPU runs the numerical
+    # tests reached no verdict on it in 190-265 s: racecheck sees the missing synchronisation itself
     "bwd-dq-k-barrier": "racecheck or test_bwd_sm80_recompute_deterministic_matches_oracle and (causal or gqa)",
     "accum-zero-last-block": _BWD + "(dense or thd-torch or edge_thd)",
     "fwd-acc-o-unzeroed": _FWD + "dense",
