@@ -67,8 +67,6 @@ def test_kernels_are_race_free_under_racecheck():
     barrier before a refill of a shared tile can pass every numerical test (the refill lands
     after the lagging warp's read at the timing of the day); racecheck sees the missing
     synchronisation itself. Without the tool the test fails: L0 on a GPU machine needs it."""
-    from frost.kernels.sm80 import sanitize
-
     tool = sanitize.compute_sanitizer()
     if tool is None:
         pytest.fail("compute-sanitizer (CUDA toolkit) not found on PATH, under CUDA_HOME or /usr/local/cuda: "
@@ -84,8 +82,6 @@ def test_kernels_are_race_free_under_racecheck():
 
 @pytest.mark.L0
 def test_compute_sanitizer_is_found_under_cuda_home(tmp_path, monkeypatch):
-    from frost.kernels.sm80 import sanitize
-
     tool = tmp_path / "bin" / "compute-sanitizer"
     tool.parent.mkdir()
     tool.write_text("#!/bin/sh\n")
