@@ -16,8 +16,9 @@ a cache ``frost-compile`` filled ahead of time. A failing test kills the mutant 
 is recorded), a run past ``--timeout`` kills it as a hang, a clean pass is a survivor. Mutants
 with a written equivalence argument are listed but left out of the score. The unmutated tree
 runs first and must pass with tests executed, otherwise nothing is judged (a GPU-less machine
-would otherwise "kill" nothing and let every mutant survive on skips). Results go to ``<out>``: ``mutants.json``, ``mutants.md``,
-``run.json`` (the score, its target, the survivors) and ``report.html``.
+would otherwise "kill" nothing and let every mutant survive on skips). Results go to ``<out>``:
+``mutants.json``, ``mutants.md``, ``run.json`` (the score, its target, the survivors) and
+``report.html``.
 
 A catalogue run can be split over several sessions: ``--stop-after`` ends a run at a wall-clock
 deadline (mutants it cuts are listed as not run, never as hangs), and ``--resume`` takes a
