@@ -1,6 +1,7 @@
 """Side-by-side attention timings on one GPU: frost's SM80 engines against torch's backends.
 
-    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants] [--hdims] [--bias] [--rope] [--out DIR]
+    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants [det|all]] [--hdims] [--bias] [--rope]
+                                    [--out DIR]
 
 The shapes: bf16, batch x seqlen = 16k tokens, hidden 2048 (H = 2048 / D),
 head dims 64 and 128, seqlens 1k / 4k / 8k, causal and not (12 MHA shapes);
@@ -26,15 +27,15 @@ rounded to bf16, with the causal mask folded in as -inf since torch takes no ``i
 a mask; the mask requires grad in the backward); the ratio column is frost / efficient.
 
 ``--variants`` adds backward columns for the engine's choices, forced one at a
-time through the plan: ``det_rec`` (deterministic mode with dQ recomputed by the bwd_dq pass
-instead of reduced in a fixed order, the deterministic default; ``det_rec cost`` its time over
-the default plan's), ``det_shared`` (deterministic mode with the ordered dQ's shared walk,
-``Sm80Backward(rotated_dq=False)``; the default takes the rotated walk where it applies, unmasked
-problems, and elsewhere this is the default's plan; ``det_shared cost`` likewise), ``w4`` (dQ reduced 4
-floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on``
-(launch order), ``nosplit`` (GQA group unsplit). With ``--hdims`` it adds forward
-columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
-default), launched on the same tensors.
+time through the plan. Deterministic mode's (``--variants det`` times only these): ``det_rec``
+(dQ recomputed by the bwd_dq pass instead of reduced in a fixed order), ``det_cta`` (the ordered
+dQ's turns taken per CTA instead of per warp), ``det_shared`` (the shared walk with CTA turns,
+``Sm80Backward(dq_walk="shared", warp_turns=False)``: the deterministic default of masked problems
+before the diagonal walk), each with its ``cost``, its time over the default plan's. The default
+mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time, SM90),
+``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order), ``nosplit`` (GQA
+group unsplit). With ``--hdims`` it adds forward columns ``f<m>x<n>w<warps>``: the forward compiled
+with other tiles (config.FWD_TILES is the default), launched on the same tensors.
 
 ``--rope`` times fused RoPE instead: forward + backward (``frost.attention`` and autograd)
 with ``rope=(cos, sin)`` (the SM80 engines' rotation pass) against q and k rotated by torch
@@ -205,8 +206,13 @@ def forward_variants(default) -> dict:
     return found
 
 
+# deterministic mode's forced engine choices, by column name (``--variants det``)
+DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_cta": dict(warp_turns=False),
+                "det_shared": dict(dq_walk="shared", warp_turns=False)}
+
+
 def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
-    """The forced engine choices ``--variants`` times, by column name."""
+    """The default mode's forced engine choices ``--variants all`` times, by column name."""
     dqk = _dims(d)[0]
     forced = {"hf_off": dict(heavy_first=False), "hf_on": dict(heavy_first=True)}
     if torch.cuda.get_device_capability() >= (9, 0):
@@ -220,7 +226,7 @@ def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
     return {name: Sm80Backward(**choice) for name, choice in forced.items()}
 
 
-def precompile(chosen, direction: str, variants: bool, jobs: int, rope: bool = False) -> None:
+def precompile(chosen, direction: str, variants: str, jobs: int, rope: bool = False) -> None:
     """Build every kernel the run will time in ``jobs`` parallel workers into the disk cache
     first, so that the timed loop's compiles are loads (serially they take minutes). With
     ``rope`` the calls with RoPE too (``--rope``)."""
@@ -244,14 +250,15 @@ def precompile(chosen, direction: str, variants: bool, jobs: int, rope: bool = F
             det_problem = _plan("backward", q, k, v, deterministic=True, **kw)[2]
             records += engine.records(det_problem)
             if variants and isinstance(engine, Sm80Backward):
-                records += Sm80Backward(ordered_dq=False).records(det_problem)
-                records += Sm80Backward(rotated_dq=False).records(det_problem)
+                for choice in DET_VARIANTS.values():
+                    records += Sm80Backward(**choice).records(det_problem)
+            if variants == "all" and isinstance(engine, Sm80Backward):
                 for variant in backward_variants(hq, hkv, d).values():
                     try:
                         records += variant.records(problem)
                     except ValueError:  # a tile that does not fit this flavor: backward_row skips it too
                         pass
-        if variants and direction in ("fwd", "both"):
+        if variants == "all" and direction in ("fwd", "both"):
             _, engine, problem, _ = _plan("forward", q, k, v, causal=causal)
             if engine.name == "sdpa_fwd_sm80":
                 records += list(forward_variants(engine.records(problem)[0]).values())
@@ -259,7 +266,7 @@ def precompile(chosen, direction: str, variants: bool, jobs: int, rope: bool = F
     print(f"precompile: {counts}", flush=True)
 
 
-def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict:
+def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: str) -> dict:
     q, k, v, do = _inputs(b, s, hq, hkv, d, grad_out=True)
     flops = 2.5 * _flops(b, s, hq, d, causal)
     o, lse = frost.sdpa_forward(q, k, v, causal=causal)
@@ -280,16 +287,13 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: bool) -> dict
     if variants and decision.engine == "sdpa_bwd_sm80":
         det_problem, det_tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, causal=causal,
                                            deterministic=True)
-        recompute = Sm80Backward(ordered_dq=False).compile(det_problem)
-        space = torch.empty(recompute.workspace_bytes, dtype=torch.uint8, device="cuda")
-        row["det_rec"] = flops / _bench(lambda: recompute.execute(det_tensors, out=grads, workspace=space),
-                                        reps_ms) / 1e9
-        row["det_rec cost"] = row["frost_plan"] / row["det_rec"]
-        shared = Sm80Backward(rotated_dq=False).compile(det_problem)  # the ordered dQ's shared walk
-        space = torch.empty(shared.workspace_bytes, dtype=torch.uint8, device="cuda")
-        row["det_shared"] = flops / _bench(lambda: shared.execute(det_tensors, out=grads, workspace=space),
-                                           reps_ms) / 1e9
-        row["det_shared cost"] = row["frost_plan"] / row["det_shared"]
+        for name, choice in DET_VARIANTS.items():
+            variant = Sm80Backward(**choice).compile(det_problem)
+            space = torch.empty(variant.workspace_bytes, dtype=torch.uint8, device="cuda")
+            row[name] = flops / _bench(lambda: variant.execute(det_tensors, out=grads, workspace=space),
+                                       reps_ms) / 1e9
+            row[f"{name} cost"] = row["frost_plan"] / row[name]
+    if variants == "all" and decision.engine == "sdpa_bwd_sm80":
         for name, variant_engine in backward_variants(hq, hkv, d).items():
             try:
                 variant = variant_engine.compile(problem)
@@ -440,9 +444,8 @@ def print_rope_table(rows: list[dict]) -> None:
 
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
-    named = ["split", "frost_det", "det cost", "det_rec", "det_rec cost", "det_shared", "det_shared cost", "w4", "hf_off",
-             "hf_on", "nosplit",
-             "t128x64", "t64x128", "t64x64"]
+    named = ["split", "frost_det", "det cost", *(f"{n}{cost}" for n in DET_VARIANTS for cost in ("", " cost")), "w4",
+             "hf_off", "hf_on", "nosplit", "t128x64", "t64x128", "t64x64"]
     named += sorted({c for r in rows for c in r if c.startswith("f") and c[1:2].isdigit()})  # forward variants
     extra = [c for c in named if any(c in r for r in rows)]
     cols = ["direction", "B", "S", "Hq", "Hkv", "d", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS,
@@ -450,7 +453,7 @@ def print_table(rows: list[dict]) -> None:
     print("| " + " | ".join(cols) + " | notes |")
     print("|" + "---|" * (len(cols) + 1))
     for r in rows:
-        cells = [f"{r[c]:.3f}" if c in ("frost/flash", "det cost", "det_rec cost", "det_shared cost") else f"{r[c]:.1f}" if isinstance(r.get(c), float)
+        cells = [f"{r[c]:.3f}" if c == "frost/flash" or c.endswith("cost") else f"{r[c]:.1f}" if isinstance(r.get(c), float)
                  else str(r.get(c, "")) for c in cols]  # fmt: skip
         print("| " + " | ".join(cells) + " | " + "; ".join(r["notes"]) + " |")
     served = [r for r in rows if r["frost/flash"] == r["frost/flash"]]  # flash refuses Dqk != Dv: NaN
@@ -473,8 +476,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--direction", choices=["fwd", "bwd", "both"], default="both")
     parser.add_argument("--reps-ms", type=int, default=200)
-    parser.add_argument("--variants", action="store_true",
-                        help="backward: time each engine choice forced; with --hdims also forward tiles")
+    parser.add_argument("--variants", nargs="?", const="all", default="", choices=["det", "all"],
+                        help="backward: time each engine choice forced (det: deterministic mode's only); "
+                             "all with --hdims: also forward tiles")
     parser.add_argument("--hdims", action="store_true", help="the wide head-dim shapes (d256, d192x128, d192)")
     parser.add_argument("--bias", action="store_true",
                         help="a float32 [1, H, S, S] bias, forward and backward, against torch's efficient backend")
@@ -500,7 +504,7 @@ def main(argv=None) -> int:
         precompile(chosen, args.direction, args.variants, args.precompile)
     tables = []
     if args.direction in ("fwd", "both"):
-        tables.append([_progress(forward_row(*shape, args.reps_ms, args.variants and args.hdims)) for shape in chosen])
+        tables.append([_progress(forward_row(*shape, args.reps_ms, args.variants == "all" and args.hdims)) for shape in chosen])
     if args.direction in ("bwd", "both"):
         tables.append([_progress(backward_row(*shape, args.reps_ms, args.variants)) for shape in chosen])
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -120,10 +120,11 @@ class Sm80Backward(Engine):
       (``ordered_dq``, the default: sm80/bwd.py, "Ordered dQ"), or with ``ordered_dq=False`` by
       the ``bwd_dq`` recompute pass. Measured on the H200 (benchmarks/NOTES.md) the ordered way
       cost less than the recompute on 16 of the 18 benchmark shapes and at most 4% more on the two others.
-      ``rotated_dq`` (the default) takes the rotated walk where it is safe (sm80/order.py:
-      unmasked, a head's key blocks no more than the device's SMs, one CTA each); measured on
-      the H200 in two runs it cost less than the shared walk on every unmasked benchmark shape
-      (deterministic cost 1.126-1.209 against 1.235-1.369 in the latest, benchmarks/NOTES.md).
+      The ordered dQ's walk (sm80/order.py), ``dq_walk="auto"``: rotated for unmasked problems
+      whose key blocks of a head fit the device's SMs (one CTA each), diagonal under a
+      right-bounded mask (causal, right windows), shared otherwise; ``dq_walk="shared"``
+      forces the shared walk. ``warp_turns``: each warp waits for and releases its own turn
+      (no CTA barriers around the reductions).
     """
 
     name = "sdpa_bwd_sm80"
@@ -134,12 +135,15 @@ class Sm80Backward(Engine):
 
     def __init__(self, dq_reduce_width: int = 1, split: int | None = None,
                  heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None,
-                 rotated_dq: bool = True):
+                 dq_walk: str = "auto", warp_turns: bool = True):
+        if dq_walk not in ("auto", "shared"):
+            raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
         self.split = split
         self.heavy_first = heavy_first
         self.ordered_dq = ordered_dq
-        self.rotated_dq = rotated_dq
+        self.dq_walk = dq_walk
+        self.warp_turns = warp_turns
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -155,11 +159,11 @@ class Sm80Backward(Engine):
         from frost.kernels.sm80.config import BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams
 
         main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
-                                        self.ordered_dq, self.tile_mn, self.rotated_dq)
+                                        self.ordered_dq, self.tile_mn, self.dq_walk, self.warp_turns)
         pre = BwdPreParams(
             dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
-            accum_tile_m=main.tile_m if main.reduces_dq else 0, dq_counters=main.dq_ordered,
+            accum_tile_m=main.tile_m if main.reduces_dq else 0, dq_counters=main.dq_turn_slots,
         )
         last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
         combine = (BwdCombineParams.of(main),) if splits > 1 else ()
@@ -178,6 +182,12 @@ def _sm_count(device: str) -> int:
     return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
 
 
+def _problem_sms(problem: Problem) -> int:
+    """The SMs of the problem's device (an H100/H200's 132 for a CPU problem: the plans of
+    cross-compiled records)."""
+    return _sm_count(problem.device) if problem.device_type == "cuda" else 132
+
+
 def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
     """How many CTAs share a GQA group's query heads: the smallest divisor of the group that
     brings the grid to about two waves (1.9) of ``sm_count`` CTAs, else the whole group."""
@@ -190,7 +200,8 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
 
 
 def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, heavy_first=None,
-                     ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, rotated_dq: bool = False):
+                     ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
+                     warp_turns: bool = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward)."""
     from frost.kernels.sm80.config import bwd_params_for
 
@@ -203,18 +214,40 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
     )
     if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
         main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)
-    sms = _sm_count(problem.device) if problem.device_type == "cuda" else 132
+    sms = _problem_sms(problem)
     if split is None:
         split = group_split(problem, main.tile_n, sms)
     split = math.gcd(split, problem.heads_q // problem.heads_kv)  # a forced count must divide the group
-    # the rotated walk waits on higher key blocks too: safe while one head's CTAs (one per SM,
-    # launched together) all fit on the device at once (sm80/order.py)
-    rotated = (rotated_dq and main.dq_ordered and not (main.has_window_left or main.has_window_right)
-               and math.ceil(problem.seqlen_k / main.tile_n) <= sms)
-    if heavy_first is None or main.dq_ordered:  # ordered dQ needs key blocks launched lowest first
-        heavy_first = main.has_window_right or (main.dq_ordered and not rotated)
-    main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first, dq_rotated=rotated).validate()
+    walk = main.dq_walk
+    if main.dq_ordered and dq_walk != "shared":
+        walk = ordered_walk(main, math.ceil(problem.seqlen_k / main.tile_n), sms)
+    if main.dq_ordered:  # the walk decides the launch order (sm80/order.py)
+        heavy_first = walk == "shared"
+    elif heavy_first is None:
+        heavy_first = main.has_window_right
+    main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first, dq_walk=walk,
+                               dq_warp_turns=main.dq_ordered and warp_turns).validate()
     return main, split
+
+
+def ordered_walk(main, key_blocks: int, sms: int) -> str:
+    """The ordered dQ's cheapest safe walk (sm80/order.py): diagonal under a right-bounded mask;
+    rotated for unmasked problems while a head's key blocks (one CTA each, all waiting on one
+    another) fit on the device at once; the shared walk otherwise."""
+    if main.has_window_right:
+        return "diagonal"
+    if not main.has_window_left and key_blocks <= sms:
+        return "rotated"
+    return "shared"
+
+
+def launch_group(problem: Problem, main) -> int:
+    """How many heads' CTAs the diagonal walk launches together (sm80/order.py): as many as fit
+    on the device's SMs at once, one CTA each; 0 (a head at a time, highest key block first) when
+    one head's do not; 0 for the other walks, which ignore it."""
+    if main.dq_walk != "diagonal":
+        return 0
+    return _problem_sms(problem) // max(math.ceil(problem.seqlen_k / main.tile_n), 1)
 
 
 def bias_dtype_name(problem: Problem) -> str | None:
@@ -313,8 +346,9 @@ class _Workspace:
             else:
                 accum = (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
             self.parts.append(("dq_accum", accum))
-        if main.dq_ordered:  # int32, one per (sequence, head, query block)
-            self.parts.append(("dq_counters", (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m))))
+        if main.dq_ordered:  # int32, dq_turn_slots per (sequence, head, query block)
+            blocks = math.ceil(p.seqlen_q / main.tile_m)
+            self.parts.append(("dq_counters", (p.batch, p.heads_q, blocks * main.dq_turn_slots)))
         if p.has_sinks:
             self.parts.append(("dsink_partial", (p.heads_q, p.batch * pre.num_m_blocks(p.seqlen_q))))
         if main.dbias_dtype is not None and bias_broadcast(p):
@@ -414,6 +448,7 @@ class _Sm80BackwardPlan(Plan):
         super().__init__(problem)
         self.params = params  # (pre, main, convert or deterministic dq)
         self.splits = splits
+        self.launch_group = launch_group(problem, params[1])
         self._compiled = compiled
         self._workspace = _Workspace(problem, splits, params[0], params[1])
         self.rope = rope  # its rotated q and k lead the workspace
@@ -450,7 +485,7 @@ class _Sm80BackwardPlan(Plan):
             *self._compiled, t=t, dq=staged[0], dk=staged[1], dv=staged[2], dsinks=grads.dsinks, dbias=grads.dbias,
             scratch=scratch, splits=self.splits,
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
-            batch=p.batch, max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k,
+            batch=p.batch, max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k, launch_group=self.launch_group,
         )
         if self.rope is not None:  # gradients w.r.t. the unrotated q and k
             self.rope.rotate_back(t, staged[0], staged[1])

@@ -31,24 +31,27 @@ order, scales it and stores dq. ``dq_reduce_width`` 2 or 4 use
 red.global.add.v2/v4.f32 (SM90).
 
 Ordered dQ (``dq_ordered``, deterministic mode): the same reductions, but each
-query block's contributions arrive in a fixed order, key blocks from the lowest
-up. Before reducing into block (h, m), thread 0 waits until the block's counter
-says every lower key block that sees it has added its share (``ordered_turn``;
-its first read is issued at the start of the step, so in the usual case, the
-turn already reached, the wait costs no memory round trip);
-after the dK product (under which the reductions drain) a barrier, then thread
-0 releases the counter by one. Key blocks are the grid's slowest index, lowest
-first (the heavy-first order under a causal mask), so a CTA only ever waits on
-CTAs launched before it (no deadlock), and a CTA walks its query blocks from
-the highest down: the key blocks of one column that run at once all start on
-the same (last) query block and then move in step, each a fraction of a step
-behind the one before it (a CTA with several query heads visits them all on a block before
-moving down: ``step_coords``). Fixed order, fixed fp32 sums: bitwise reproducible,
-with no dQ recompute pass. Rotated (``dq_rotated``, unmasked problems whose key blocks of
-one head fit on the device at once): key block n walks query blocks from block n on
-(order.py), key blocks launched in grid order, and a query block's turn order is the
-order in which the walk reaches it: key blocks on time no longer queue for the same
-block at every step.
+query block's contributions arrive in a fixed order of key blocks. Before reducing into
+block (h, m), thread 0 waits until the block's counter says every key block before it
+that sees it has added its share (``ordered_turn``; its first read is issued at the start of
+the step, so in the usual case, the turn already reached, the wait costs no memory round
+trip); after the dK product (under which the reductions drain) a barrier, then thread 0
+releases the counter by one. With warp turns (``dq_warp_turns``) each warp does this on a
+counter of its own: a thread's reductions touch the same addresses in every CTA and no
+other warp's, so only the same warp of the other key blocks orders them, and the two CTA
+barriers per step are gone. Fixed order, fixed fp32 sums: bitwise reproducible, with no dQ
+recompute pass. The order is the walk's (order.py, which also argues why no CTA waits on
+one not yet launched):
+
+- shared (any mask): key blocks lowest first, launched so (heavy_first); each walks its query
+  blocks from the highest down, so the key blocks of a column that run at once start on the same
+  (last) block and move in step, each a fraction of a step behind the one before it;
+- rotated (unmasked, a head's key blocks fit on the device at once): key block n walks from
+  block n on, launched in grid order; a block's turns are the order the walk reaches it in, so
+  key blocks on time no longer queue for the same block at every step;
+- diagonal (a right-bounded mask: causal, right windows): each key block walks up from its first
+  block, the turns go highest key block first, which is the order the walk reaches a block in;
+  launched in groups of heads, lowest key block first within a group (``cta_coords``).
 
 Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
 fp32 partials when split). Key rows past Sk_b inside the padded extent are
@@ -85,13 +88,15 @@ PACKED = P.layout == "thd"
 STAGES = 2  # Q and dO buffers: step i+1 loads while step i computes
 DQ_WIDTH = P.dq_reduce_width
 ORDERED = P.dq_ordered
-ROTATED = P.dq_rotated  # ordered dQ, each key block walking its query blocks from its own (order.py)
+ROTATED = P.dq_walk == "rotated"    # ordered dQ: each key block walks its query blocks from its own on
+DIAGONAL = P.dq_walk == "diagonal"  # ordered dQ: walks up from its first, turns highest key block first
+TURN_SLOTS = P.dq_turn_slots  # turn counters per query block: one per warp (dq_warp_turns) or per CTA
 HAS_BIAS = P.bias_dtype is not None
 
 
 class BwdTensors(NamedTuple):
     """The kernel's global tensors: dq_accum None in deterministic mode (unless ``dq_ordered``,
-    which adds dq_counters, int32 (B, H, query blocks)); dk, dv fp32 partials with a leading
+    which adds dq_counters, int32 (B, H, query blocks x TURN_SLOTS)); dk, dv fp32 partials with a leading
     split index when ``split_group``; bias and dbias (its target: bias.py) None without a bias."""
 
     q: cute.Tensor
@@ -130,7 +135,7 @@ def sdpa_bwd(
     mBias: cute.Tensor | None, mdBias: cute.Tensor | None, mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None,
     mSeqlensQ: cute.Tensor | None, mSeqlensK: cute.Tensor | None,
     scale: Float32, scale_log2: Float32, window_left: Int32, window_right: Int32, max_seqlen_k: Int32,
-    num_splits: Int32, stream,
+    num_splits: Int32, launch_group: Int32, stream,
 ):
     setup = BwdSetup(
         tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM_QK, STAGES),
@@ -164,23 +169,19 @@ def sdpa_bwd(
     bwd_kernel(
         BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
-        scale, scale_log2, window_left, window_right, num_splits, setup, SharedStorage,
+        scale, scale_log2, window_left, window_right, num_splits, launch_group, setup, SharedStorage,
     ).launch(grid=grid, block=[NUM_THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
 
 
 @cute.kernel
 def bwd_kernel(
     tensors: BwdTensors, lengths: SeqlenTensors, scale: Float32, scale_log2: Float32,
-    window_left: Int32, window_right: Int32, num_splits: Int32, setup: BwdSetup, SharedStorage: cutlass.Constexpr,
+    window_left: Int32, window_right: Int32, num_splits: Int32, launch_group: Int32, setup: BwdSetup,
+    SharedStorage: cutlass.Constexpr,
 ):
     mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = tensors
     tidx, _, _ = cute.arch.thread_idx()
-    if const_expr(P.heavy_first):
-        # key blocks are the grid's slowest index: under a causal mask the lowest ones see the
-        # most query blocks, so the longest CTAs start first and short ones fill the tail
-        head_slot, batch, n_block = cute.arch.block_idx()
-    else:
-        n_block, head_slot, batch = cute.arch.block_idx()
+    n_block, head_slot, batch = cta_coords(launch_group)
     head_kv = head_slot // num_splits
     split = head_slot % num_splits
     seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
@@ -223,7 +224,8 @@ def bwd_kernel(
         counter, seen = None, Int32(0)
         if const_expr(ORDERED):
             # read the block's counter now, so its latency hides under this step's products
-            counter = mdQcounters.iterator + cute.crd2idx((batch, head, m_block), mdQcounters.layout)
+            slot = m_block * TURN_SLOTS + (tidx // 32 if const_expr(P.dq_warp_turns) else 0)
+            counter = mdQcounters.iterator + cute.crd2idx((batch, head, slot), mdQcounters.layout)
             seen = peek_turn(counter, tidx)
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # this step's Q, dO landed; every warp is done with the previous step
@@ -429,9 +431,13 @@ def reduce_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
 def step_coords(i, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks):
     """The (query head, query block) of step ``i``: the CTA's heads one after another, each
     walking its query blocks ascending; rotated by the key block (``ROTATED``, order.py: the CTAs
-    of a column start on different blocks); under ordered dQ otherwise the shared walk
-    (order.py: blocks descending, heads the fastest index, so that no key block waits at a
-    head's first block for the lower ones to finish the head before)."""
+    of a column start on different blocks); diagonal (``DIAGONAL``: blocks ascending, heads the
+    fastest index); under ordered dQ otherwise the shared walk (order.py: blocks descending,
+    heads the fastest index, so that no key block waits at a head's first block for the lower
+    ones to finish the head before)."""
+    if const_expr(DIAGONAL):
+        head_offset, m_block = order.diagonal_coords(i, heads_per_cta, m_block_min)
+        return first_head + head_offset, m_block
     if const_expr(ORDERED and not ROTATED):
         head_offset, m_block = order.ordered_coords(i, heads_per_cta, m_block_max)
         return first_head + head_offset, m_block
@@ -447,49 +453,87 @@ def ordered_turn(mask: AttentionMask, n_block, m_block, num_m_blocks) -> Int32:
     ones that see it. The key blocks that see a query block are one contiguous run (both ends
     of ``m_block_range`` grow with the key block), which starts at ``n_block_range``'s first.
     Rotated (unmasked: every key block sees all ``num_m_blocks``): the order in which they reach
-    it (order.py)."""
+    it (order.py). Diagonal: the higher ones that see it (order.py)."""
     first, end = mask.n_block_range(m_block)
     turn = n_block - first
     if const_expr(ROTATED):
         turn = order.rotated_turn(n_block, m_block, num_m_blocks, end - first, cutlass.min, cutlass.max)
+    if const_expr(DIAGONAL):
+        turn = order.diagonal_turn(n_block, end)
     return turn
 
 
 @cute.jit
 def peek_turn(counter, tidx) -> Int32:
-    """Thread 0's first (acquire) read of a counter, issued early; other threads get 0."""
+    """The first (acquire) read of a counter, issued early: by thread 0 (other threads get 0), or
+    with warp turns by every thread of the warp (one load: the same address)."""
     seen = Int32(0)
-    if tidx == 0:
+    if const_expr(P.dq_warp_turns):
+        seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+    elif tidx == 0:
         seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
     return seen
 
 
 @cute.jit
 def wait_turn(counter, turn: Int32, seen: Int32, tidx):
-    """Thread 0 spins (acquire) until ``turn`` key blocks have released the counter, starting
-    from ``seen`` (``peek_turn``'s read: when it already suffices, nothing waits); then all go."""
-    if tidx == 0:
+    """Spin (acquire) until ``turn`` key blocks have released the counter, starting from ``seen``
+    (``peek_turn``'s read: when it already suffices, nothing waits). CTA turns: thread 0 spins,
+    then a barrier lets all go. Warp turns: every thread spins on its warp's counter, so each
+    thread's acquire orders its own reductions; no barrier."""
+    if const_expr(P.dq_warp_turns):
         while seen < turn:
             seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
-    cute.arch.barrier()
+    else:
+        if tidx == 0:
+            while seen < turn:
+                seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+        cute.arch.barrier()
 
 
 @cute.jit
 def pass_turn(counter, tidx):
-    """Release the counter once every thread has issued its reductions. No per-thread GPU fence:
-    the barrier orders each thread's reductions before thread 0's release (CTA scope), and
-    the release is cumulative, so an acquirer of the new count is ordered after all of them
-    (PTX memory model; the pattern of CUTLASS's ``Barrier::arrive_inc``). A fence here
-    would stall every thread until its reductions reached L2.
+    """Release the counter once every thread of the CTA (CTA turns) or of the warp (warp turns)
+    has issued its reductions. No per-thread GPU fence: the barrier orders each thread's
+    reductions before the releasing thread's (CTA or warp scope), and the release is cumulative,
+    so an acquirer of the new count is ordered after all of them (PTX memory model; the pattern
+    of CUTLASS's ``Barrier::arrive_inc``). A fence here would stall every thread until its
+    reductions reached L2.
 
     Released here, after the dK product under which the reductions drain. Tried: releasing in
     the middle of the next step, after its score products (one barrier less per step, the
     reductions long landed): deterministic mode cost 3-13% more on every MHA benchmark shape
     (H200, benchmarks/NOTES.md), likely because the release then also waits for the next step's
     Q / dO loads that thread 0 has in flight by then."""
-    cute.arch.barrier()
-    if tidx == 0:
-        cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
+    if const_expr(P.dq_warp_turns):
+        cute.arch.sync_warp()
+        if tidx % 32 == 0:
+            cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
+    else:
+        cute.arch.barrier()
+        if tidx == 0:
+            cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
+
+
+@cute.jit
+def cta_coords(launch_group: Int32):
+    """(key block, head slot, sequence) of this CTA. heavy_first: key blocks are the grid's
+    slowest index (under a causal mask the lowest ones see the most query blocks, so the longest
+    CTAs start first and short ones fill the tail). Diagonal walk: launched in groups of heads
+    (order.grouped_launch; ``launch_group`` 0: a head at a time, highest key block first).
+    Otherwise key blocks are the fastest index."""
+    x, y, z = cute.arch.block_idx()
+    n_block, head_slot, batch = x, y, z
+    if const_expr(P.heavy_first):
+        head_slot, batch, n_block = x, y, z
+    if const_expr(DIAGONAL):
+        num_n, head_slots, num_batch = cute.arch.grid_dim()
+        n_block, head = order.grouped_launch(x + num_n * (y + head_slots * z), num_n, head_slots * num_batch,
+                                             cutlass.max(launch_group, 1), cutlass.min)
+        if launch_group == 0:
+            n_block = num_n - 1 - n_block
+        head_slot, batch = head % head_slots, head // head_slots
+    return n_block, head_slot, batch
 
 
 @dataclass(frozen=True)

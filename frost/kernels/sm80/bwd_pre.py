@@ -18,7 +18,7 @@ dense, [H, T] packed):
 Packed rows past a sequence belong to the next one and are not written.
 
 With ``dq_counters`` it also zeroes the ordered deterministic mode's
-counters, one per (sequence, head, accumulator chunk).
+turn counters, ``dq_counters`` per (sequence, head, accumulator chunk).
 
 With ``accum_tile_m`` (the default mode) it also zeroes the flat dQ
 accumulator that ``sm80/bwd`` reduces into (layout: ``seqlen.py``): CTA m
@@ -100,9 +100,9 @@ def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
     if const_expr(ACCUM_TILE_M > 0):
         zero_accum_rows(mdQaccum, seqlen, batch, head, m_block, tidx)
     if const_expr(P.dq_counters):
-        # one counter per accumulator chunk: the chunk's first CTA here zeroes it
-        if tidx == 0 and (m_block * TILE_M) % ACCUM_TILE_M == 0:
-            mdQcounters[batch, head, m_block * TILE_M // ACCUM_TILE_M] = Int32(0)
+        # dq_counters per accumulator chunk: the chunk's first CTA here zeroes them, a thread each
+        if tidx < P.dq_counters and (m_block * TILE_M) % ACCUM_TILE_M == 0:
+            mdQcounters[batch, head, m_block * TILE_M // ACCUM_TILE_M * P.dq_counters + tidx] = Int32(0)
 
     # (TILE_M, TILE_HDIM_V) tiles of O and dO; read straight into registers
     gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM_V), (m_block, 0))

@@ -147,7 +147,7 @@ def fake_dq_accum(packed: bool):
 
 
 def fake_dq_counters():
-    """The ordered deterministic mode's int32 counters: (B, H, query blocks), compact."""
+    """The ordered deterministic mode's int32 turn counters: (B, H, query blocks x turn slots), compact."""
     shape = tuple(cute.sym_int() for _ in range(3))
     return make_fake_compact_tensor(Int32, shape, stride_order=(2, 1, 0), assumed_align=4)
 
@@ -186,7 +186,7 @@ def _build_bwd(params: BwdParams, options: str):
     return cute.compile(
         module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, counters, dk, dv, bias, dbias,
         cu_q, cu_k, seqlens_q, seqlens_k,
-        Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0), Int32(1),
+        Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0), Int32(1), Int32(0),
         make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
     )
 
@@ -345,7 +345,7 @@ def launch_fwd(compiled, q, k, v, o, lse, *, scale: float, window_left: int, win
 
 def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t, dq, dk, dv, dsinks, dbias,
                scratch, splits: int, scale: float, window_left: int, window_right: int, batch: int, max_seqlen_q: int,
-               max_seqlen_k: int) -> None:
+               max_seqlen_k: int, launch_group: int = 0) -> None:
     """Run the backward chain on torch tensors (current stream).
 
     ``t`` is the call's frost.problem.Tensors; ``scratch`` the carved workspace (d, lse2;
@@ -356,7 +356,7 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t,
     deterministic mode: bwd_pre (which also zeroes the accumulator and counters), bwd (dK, dV,
     dQ reductions), bwd_convert (dq). Deterministic: bwd_pre, bwd (dK, dV only), bwd_dq.
     Split GQA groups (``compiled_combine``, bwd_combine): the fp32 partials are summed in split
-    order into dk, dv.
+    order into dk, dv. ``launch_group``: the diagonal walk's heads launched together (sm80/order.py).
 
     A kernel whose grid would be empty (no sequence, no query or no key rows) is not launched:
     CUDA rejects a zero grid, and there is nothing for it to write. With no query rows the main
@@ -371,7 +371,7 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t,
     if keys:
         compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
                       t.bias, scratch.get("dbias_target"), t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
-                      scale, scale * LOG2_E, window_left, window_right, max_seqlen_k, splits)
+                      scale, scale * LOG2_E, window_left, window_right, max_seqlen_k, splits, launch_group)
     if queries and accum is None:
         compiled_last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], dq, t.bias, t.cu_seqlens_q, t.cu_seqlens_k,
                       t.seqlens_q, t.seqlens_k, scale, scale * LOG2_E, window_left, window_right, max_seqlen_q)

@@ -186,7 +186,9 @@ class BwdPreParams(_Tiles):
     tile_m: int = 64
     num_warps: int = 4
     accum_tile_m: int = 0   # the main kernel's tile_m whose dQ accumulator chunks this pass zeroes; 0: none
-    dq_counters: bool = False  # also zero the ordered deterministic mode's per-query-block counters
+    # also zero the ordered deterministic mode's turn counters, this many per accumulator chunk
+    # (one per CTA, or one per warp: BwdParams.dq_turn_slots); 0: none
+    dq_counters: int = 0
 
     def num_m_blocks(self, seqlen_q: int) -> int:
         """The grid's query-block extent: whole accumulator chunks when it zeroes them."""
@@ -203,12 +205,15 @@ class BwdPreParams(_Tiles):
             bad(f"tile_m must be a multiple of {rows_per_step} (rows per copy step)")
         if self.accum_tile_m < 0 or self.accum_tile_m % self.tile_m:
             bad("accum_tile_m must be 0 or a multiple of tile_m")
+        if self.dq_counters < 0 or self.dq_counters > self.num_threads:
+            bad(f"dq_counters must be 0..{self.num_threads} (each thread zeroes at most one per chunk)")
         if self.dq_counters and not self.accum_tile_m:
             bad("dq_counters count accumulator chunks: they need accum_tile_m")
         return self
 
 
 DQ_REDUCE_WIDTHS = (1, 2, 4)  # floats per dQ reduction; 2 and 4 (red.global.add.v2/v4.f32) need SM90
+DQ_WALKS = ("shared", "rotated", "diagonal")  # the ordered dQ's walks (sm80/order.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,13 +253,18 @@ class BwdParams(_Tiles):
     split_group: bool = False
     heavy_first: bool = False  # key blocks launched across the whole grid heaviest (lowest) first
     # deterministic mode without the dQ recompute: dQ is reduced as in the default mode but in a
-    # fixed order per query block (key blocks from the lowest up, launched in that order:
-    # heavy_first), each CTA waiting on a per-block counter for its turn (sm80/bwd.py, "Ordered dQ")
+    # fixed order per query block, each CTA waiting on a per-block counter for its turn
+    # (sm80/bwd.py, "Ordered dQ")
     dq_ordered: bool = False
-    # ordered dQ with each key block walking its query blocks from its own on (sm80/order.py):
-    # unmasked problems only, key blocks launched in grid order (not heavy_first), and only when
-    # the CTAs of one head fit on the device at once (engines/sm80.backward_choices)
-    dq_rotated: bool = False
+    # the ordered dQ's walk (sm80/order.py; None without ordered dQ): "shared" (any mask; key
+    # blocks lowest first, launched so: heavy_first), "rotated" (unmasked; each key block starts
+    # on its own query block; a head's key blocks launched together) or "diagonal" (each key block
+    # walks up from its first query block, the turns highest key block first; launched in
+    # groups of heads, ``launch_group``, not heavy_first)
+    dq_walk: str | None = None
+    # each warp waits for its turn and releases it on a counter of its own (its reductions touch
+    # addresses no other warp of the CTA does): no CTA barrier around the reductions
+    dq_warp_turns: bool = False
     bias_dtype: str | None = None   # an additive bias read by the recompute of P; None: none
     # where dS goes as dbias: stored per element in this dtype (the bias's own without broadcast;
     # float32 per-(batch, head) partials for a broadcast bias in deterministic mode), or with
@@ -266,6 +276,11 @@ class BwdParams(_Tiles):
     def reduces_dq(self) -> bool:
         """Whether the main kernel reduces dQ into the flat accumulator (else sm80/bwd_dq computes it)."""
         return not self.deterministic or self.dq_ordered
+
+    @property
+    def dq_turn_slots(self) -> int:
+        """Turn counters per query block (ordered dQ): one per warp, or one per CTA; 0: none."""
+        return 0 if not self.dq_ordered else self.num_warps if self.dq_warp_turns else 1
 
     @property
     def dq_chunk(self) -> int:
@@ -305,12 +320,16 @@ class BwdParams(_Tiles):
             bad("the deterministic mode reduces dQ one float at a time, in order")
         if self.dq_ordered and not self.deterministic:
             bad("dq_ordered is a way of the deterministic mode")
-        if self.dq_ordered and not self.heavy_first and not self.dq_rotated:
-            bad("dq_ordered needs heavy_first: key blocks launched lowest first (each waits on the ones below it)")
-        if self.dq_rotated and not self.dq_ordered:
-            bad("dq_rotated is a way of the ordered dQ")
-        if self.dq_rotated and (self.heavy_first or self.has_window_left or self.has_window_right):
-            bad("dq_rotated needs an unmasked problem and key blocks launched in grid order (not heavy_first)")
+        if self.dq_ordered != (self.dq_walk is not None) or self.dq_walk not in (None, *DQ_WALKS):
+            bad(f"dq_walk is one of {DQ_WALKS} with ordered dQ, None without")
+        if self.dq_walk == "shared" and not self.heavy_first:
+            bad("the shared walk needs heavy_first: key blocks launched lowest first (each waits on the ones below it)")
+        if self.dq_walk in ("rotated", "diagonal") and self.heavy_first:
+            bad(f"the {self.dq_walk} walk launches a head's key blocks together, not heavy_first")
+        if self.dq_walk == "rotated" and (self.has_window_left or self.has_window_right):
+            bad("the rotated walk needs an unmasked problem")
+        if self.dq_warp_turns and not self.dq_ordered:
+            bad("dq_warp_turns is a way of the ordered dQ")
         if self.dq_chunk % (self.num_threads * self.dq_reduce_width):
             bad("the dQ chunk must split evenly into the threads' reductions")
         if self.smem_bytes() > SMEM_BYTES_MAX:
@@ -354,6 +373,7 @@ def bwd_params_for(
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
         dq_reduce_width=1 if deterministic else dq_reduce_width, split_group=split_group,
         dq_ordered=deterministic and dq_ordered, heavy_first=deterministic and dq_ordered,
+        dq_walk="shared" if deterministic and dq_ordered else None,
         **dbias_fields(bias_dtype, bias_broadcast, deterministic),
     ).validate()
 

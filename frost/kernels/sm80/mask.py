@@ -78,6 +78,8 @@ class AttentionMask:
             # first row that sees key_first: i >= j - delta - window_right
             row_start = cutlass.max(key_first - self.delta - self.window_right, 0)
             m_min = row_start // self.tile_m
+            if row_start >= self.seqlen_q:  # no valid row sees it: the exact inverse of n_block_range
+                m_max = m_min
         if const_expr(self.has_window_left):
             # last row that sees key_last: i <= j - delta + window_left; clamp before dividing
             row_end = cutlass.max(key_last - self.delta + self.window_left + 1, 0)

@@ -1,5 +1,6 @@
 """The order in which the key blocks of one head reduce into a query block's dQ (ordered dQ,
-deterministic mode: sm80/bwd.py): the walk of a CTA's steps, shared or rotated.
+deterministic mode: sm80/bwd.py): the walk of a CTA's steps (shared, rotated or diagonal), and
+the order in which the diagonal walk's CTAs launch.
 
 Shared walk (``ordered_coords``, any mask): a key block visits its query blocks from its last
 down, and the query heads of its GQA share are the fastest index: at step ``i`` it is on head
@@ -10,7 +11,7 @@ with the heads the fastest index every one reaches (h, m) at step ``(m_block_max
 block is never later than a higher one. With the heads outer, a key block that saw few blocks of
 head h would reach head h+1 early and wait there for the lowest, which sees them all.
 
-Rotated walk (``BwdParams.dq_rotated``, unmasked problems): key block ``n`` visits query block
+Rotated walk (``BwdParams.dq_walk == "rotated"``, unmasked problems): key block ``n`` visits query block
 ``(n + i) mod M`` at its step ``i`` (M query blocks, N key blocks of the sequence), so at any step
 the key blocks of a head run on different query blocks instead of queueing for the same one.
 A query block's turn order is the order in which the key blocks reach it in that lockstep:
@@ -21,9 +22,25 @@ Deadlock: a key block may wait on higher ones, so the plan uses the walk only wh
 CTAs fit on the device at once and the grid launches them together (key blocks its fastest
 index); the head launched first then always has every CTA it waits on resident.
 
-``rotated_turn`` is plain arithmetic with the ``lo`` / ``hi`` (min / max) it is given, so the
-kernel (``cutlass.min`` / ``cutlass.max`` on Int32) and the host's tests (``min`` / ``max``) run
-the same code.
+Diagonal walk (``BwdParams.dq_walk == "diagonal"``, masks with a right bound: causal, right
+windows): key block ``n`` walks its query blocks up from its first, the query heads of its share
+the fastest index (``diagonal_coords``), and the turns of a query block go from the highest key
+block that sees it down (``diagonal_turn``). Under such a mask both ends of a key block's run of
+query blocks grow with the key block, so key block n + 1 reaches any block it shares with n at
+least one step before n does (causal with square tiles: at step m - n - 1 against m - n): key
+blocks on time never wait, where lowest-first turns would queue them all on the same block.
+
+Its CTAs launch in groups of ``group`` heads (``grouped_launch``): a group's key blocks lowest
+(heaviest) first, its heads the fastest index, so the long CTAs start early and the short ones
+fill the tail, as heavy-first does for a whole grid. A key block waits on higher ones, launched
+after it but in the same group, so the plan takes ``group`` no larger than the device's CTAs at
+once over the key blocks of a head: a group then always fits. ``group`` 0 (a head's key blocks
+outnumber the device's CTAs) launches one head at a time, highest key block first: every CTA a
+key block waits on launched before it, at the cost of a heavy tail.
+
+``rotated_turn`` and ``grouped_launch`` are plain arithmetic with the ``lo`` / ``hi`` (min / max)
+they are given, so the kernel (``cutlass.min`` / ``cutlass.max`` on Int32) and the host's tests
+(``min`` / ``max``) run the same code.
 """
 from __future__ import annotations
 
@@ -58,3 +75,26 @@ def rotated_turn(n_block, m_block, num_m, num_n, lo=min, hi=max):
     inside = hi(lo(m_block, rem - 1) - hi(first, 0) + 1, 0)
     wrapped = hi(lo(num_m - 1, rem - 1) - (num_m + first) + 1, 0)
     return step * per_residue + inside + wrapped + n_block // num_m
+
+
+def diagonal_coords(step, heads, m_block_min):
+    """The diagonal walk's (head offset in the CTA's share, query block) at ``step``."""
+    return step % heads, m_block_min + step // heads
+
+
+def diagonal_turn(n_block, n_block_end):
+    """How many key blocks reduce into a query block before ``n_block`` on the diagonal walk: the
+    higher ones that see it (``n_block_end``: one past the last)."""
+    return n_block_end - 1 - n_block
+
+
+def grouped_launch(linear, num_n, num_heads, group, lo=min):
+    """The (key block, head) of the diagonal walk's CTA launched ``linear``-th of ``num_n`` key
+    blocks x ``num_heads`` heads, in groups of ``group`` (>= 1) heads. Launching one head at a
+    time highest key block first (``group`` 0) is ``group`` 1 with the key block mirrored."""
+    per_group = group * num_n
+    first_head = linear // per_group * group
+    within = linear - first_head * num_n
+    size = lo(group, num_heads - first_head)
+    n_block = within // size
+    return n_block, first_head + within - n_block * size

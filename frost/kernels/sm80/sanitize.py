@@ -11,9 +11,9 @@ partial head dims, fp16 and bf16, the d64 and d128 flavors and the wide ones (d1
 RoPE (its pass: dense with 8-byte accesses, packed, padded), an additive bias (broadcast and
 not, float32 and io dtype, dense, padded, packed; GQA and MQA problems this small split their
 groups, so bwd_combine runs too). Each runs the forward, the backward in the
-default mode, and the deterministic mode three ways (ordered dQ, the default, on the rotated
-walk where it applies: no mask; the dQ recompute pass; the ordered dQ's shared walk, on the
-features where the default takes the rotated one).
+default mode, and the deterministic mode three ways (ordered dQ, the default: warp turns on
+the rotated walk without a mask, the diagonal one with a right bound; the dQ recompute pass;
+the ordered dQ with CTA turns on the shared walk, where the default takes another).
 The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
 every output a kernel writes is finite where the contract makes it finite.
 
@@ -65,10 +65,11 @@ FEATURES = {
     "bias_11_packed_io": ((3, 160, 150, 4, 2, 64, 64), dict(bias="11", bias_io=True), "packed"),
 }
 MODES = ("default", "deterministic", "recompute", "shared")
-# deterministic: dQ reduced in order (on the rotated walk where it applies); the modes below force
-# an engine choice: recompute, the bwd_dq pass; shared, the ordered dQ on the shared walk where
-# the default takes the rotated one (elsewhere it is the deterministic mode again: not run)
-_FORCED = {"recompute": dict(ordered_dq=False), "shared": dict(ordered_dq=True, rotated_dq=False)}
+# deterministic: dQ reduced in order (the walk engines/sm80.ordered_walk picks, warp turns); the
+# modes below force an engine choice: recompute, the bwd_dq pass; shared, the ordered dQ on the
+# shared walk with CTA turns where the default takes another walk (elsewhere it differs from the
+# deterministic mode only in its turns: not run)
+_FORCED = {"recompute": dict(ordered_dq=False), "shared": dict(ordered_dq=True, dq_walk="shared", warp_turns=False)}
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
 _PACKED_K = (5, 80, 65)
 _PADDED_Q = (200, 0)      # the padded feature's valid lengths (an empty sequence)
@@ -130,7 +131,7 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
         call = dict(keywords, deterministic=mode != "default")
         if mode in _FORCED:
             problem, tensors = prepare("backward", t["q"], t["k"], t["v"], o=o, lse=lse, do=t["do"], **call)
-            if mode == "shared" and not rotated_walk_applies(problem):
+            if mode == "shared" and deterministic_walk(problem) == "shared":
                 continue
             dq, dk, dv, dbias, dsinks = Sm80Backward(**_FORCED[mode]).compile(problem).execute(tensors)
         else:
@@ -140,9 +141,9 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
     return problems
 
 
-def rotated_walk_applies(problem) -> bool:
-    """Whether the sm80 backward's deterministic mode takes the rotated ordered-dQ walk for ``problem``."""
-    return Sm80Backward(ordered_dq=True, rotated_dq=True).records(problem)[1].dq_rotated
+def deterministic_walk(problem) -> str:
+    """The ordered dQ's walk the sm80 backward's deterministic mode takes for ``problem``."""
+    return Sm80Backward().records(problem)[1].dq_walk
 
 
 def _non_finite(name: str, mode: str, **outputs) -> list[str]:

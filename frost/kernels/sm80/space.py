@@ -20,7 +20,8 @@ import dataclasses
 import itertools
 
 from frost.kernels.sm80.config import (
-    BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams, FwdParams, bwd_params_for, fwd_params_for,
+    BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams, DQ_WALKS, FwdParams, bwd_params_for,
+    fwd_params_for,
 )
 from frost.kernels.sm80.rope_params import MAX_HEAD_DIM, RopeParams, rope_params_for
 
@@ -68,27 +69,31 @@ def admitted_bwd_params() -> list:
     bwd_dq, and bwd_combine for split groups), as ``frost.engines.sm80.backward_choices`` can
     produce them."""
     seen: dict = {}
-    # det, width, ordered, rotated (rotated: unmasked problems only)
-    modes = ((False, 1, False, False), (False, 4, False, False), (True, 1, False, False), (True, 1, True, False),
-             (True, 1, True, True))
+    # det, width, walk (ordered dQ), warp turns; each walk only where engines/sm80.ordered_walk takes it
+    ordered = tuple((True, 1, walk, turns) for walk in DQ_WALKS for turns in (False, True))
+    modes = ((False, 1, None, False), (False, 4, None, False), (True, 1, None, False), *ordered)
     biases = ((None, False), ("float32", False), ("float32", True), ("io", False), ("io", True))  # (dtype, broadcast)
-    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, ordered, rotated), split, bias in (
+    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, walk, turns), split, bias in (
         itertools.product(("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(),
                           (False, True), (False, True), modes, (False, True), biases)
     ):
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
-            dq_reduce_width=width, dq_ordered=ordered, bias_dtype=_bias_dtype(bias[0], dtype), bias_broadcast=bias[1],
+            dq_reduce_width=width, dq_ordered=walk is not None, bias_dtype=_bias_dtype(bias[0], dtype),
+            bias_broadcast=bias[1],
         )
-        if rotated and (main.has_window_left or main.has_window_right):
+        unmasked = not (main.has_window_left or main.has_window_right)
+        if (walk == "rotated" and not unmasked) or (walk == "diagonal" and not main.has_window_right):
             continue
-        heavy_first = main.has_window_right or (ordered and not rotated)  # as engines/sm80.backward_choices
-        main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_rotated=rotated).validate()
+        # the launch order as engines/sm80.backward_choices
+        heavy_first = walk == "shared" if walk is not None else main.has_window_right
+        main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
+                                   dq_warp_turns=turns).validate()
         seen[main] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
                           has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,
-                          dq_counters=ordered)] = None
+                          dq_counters=main.dq_turn_slots)] = None
         seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
         if split:
             seen[BwdCombineParams.of(main)] = None

@@ -154,38 +154,52 @@ def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
                                 deterministic=True)
     ordered = Sm80Backward().compile(problem)
     pre, main, last, *_ = ordered.params  # and bwd_combine when the group is split
-    assert main.deterministic and main.dq_ordered and main.heavy_first
-    assert pre.dq_counters and pre.accum_tile_m == main.tile_m and isinstance(last, BwdConvertParams)
+    assert main.deterministic and main.dq_ordered and main.dq_walk == "diagonal" and not main.heavy_first
+    assert main.dq_warp_turns and pre.dq_counters == main.num_warps == main.dq_turn_slots
+    assert pre.accum_tile_m == main.tile_m and isinstance(last, BwdConvertParams)
+    assert ordered.launch_group == 132 // 3  # three key blocks of 128: 44 heads' CTAs fit 132 SMs
+    shared = Sm80Backward(dq_walk="shared", warp_turns=False).compile(problem)
+    assert shared.params[1].heavy_first and shared.params[0].dq_counters == 1 and shared.launch_group == 0
     recompute = Sm80Backward(ordered_dq=False).compile(problem)
     assert isinstance(recompute.params[2], BwdDqParams) and not recompute.params[1].dq_ordered
-    with pytest.raises(ValueError, match="dq_ordered"):
-        dataclasses.replace(main, heavy_first=False).validate()
+    with pytest.raises(ValueError, match="launches a head's key blocks together"):
+        dataclasses.replace(main, heavy_first=True).validate()
+    with pytest.raises(ValueError, match="needs heavy_first"):
+        dataclasses.replace(shared.params[1], heavy_first=False).validate()
     with pytest.raises(ValueError, match="dq_ordered"):
         dataclasses.replace(main, deterministic=False).validate()
+    with pytest.raises(ValueError, match="dq_walk"):
+        dataclasses.replace(main, dq_walk=None).validate()
+    with pytest.raises(ValueError, match="dq_walk"):
+        Sm80Backward(dq_walk="diagonal")
 
 
 @pytest.mark.L0
-def test_rotated_walk_is_chosen_only_where_it_is_safe():
-    """``rotated_dq`` takes the rotated walk (grid order, no heavy-first) for unmasked deterministic
-    problems whose key blocks of a head fit the device's SMs (132 off a GPU), and leaves causal
-    problems, longer sequences and the default mode as they were."""
-    from frost.engines.sm80 import backward_choices
+def test_each_walk_is_chosen_only_where_it_is_safe():
+    """Deterministic mode walks unmasked problems rotated while a head's key blocks fit the
+    device's SMs (132 off a GPU), right-bounded ones (causal, right windows) diagonally, and the
+    rest (left windows only, longer unmasked sequences) on the shared walk; the default mode
+    keeps its own launch order."""
+    from frost.engines.sm80 import backward_choices, ordered_walk
 
     def main_of(seqlen, **keywords):
         q = torch.randn(1, seqlen, 4, 64, dtype=torch.bfloat16)
         problem = Problem.from_call("backward", q, q, q, o=q, lse=torch.zeros(1, 4, seqlen), do=q, **keywords)
-        return backward_choices(problem, ordered_dq=True, rotated_dq=True)[0]
+        return backward_choices(problem, ordered_dq=True, dq_walk="auto", warp_turns=True)[0]
 
     rotated = main_of(132 * 128, deterministic=True)  # 132 key blocks of 128
-    assert rotated.dq_rotated and rotated.dq_ordered and not rotated.heavy_first
-    assert not main_of(132 * 128 + 1, deterministic=True).dq_rotated  # 133: one head no longer fits
+    assert rotated.dq_walk == "rotated" and rotated.dq_ordered and not rotated.heavy_first
+    assert main_of(132 * 128 + 1, deterministic=True).dq_walk == "shared"  # 133: one head no longer fits
     causal = main_of(1000, deterministic=True, causal=True)
-    assert causal.dq_ordered and causal.heavy_first and not causal.dq_rotated
-    assert not main_of(1000).dq_rotated and not main_of(1000).dq_ordered
-    with pytest.raises(ValueError, match="dq_rotated"):
-        dataclasses.replace(rotated, heavy_first=True).validate()
-    with pytest.raises(ValueError, match="dq_rotated"):
-        dataclasses.replace(causal, dq_rotated=True, heavy_first=False).validate()
+    assert causal.dq_walk == "diagonal" and not causal.heavy_first
+    assert main_of(1000, deterministic=True, window=(50, 10)).dq_walk == "diagonal"
+    assert main_of(132 * 128 + 1, deterministic=True, causal=True).dq_walk == "diagonal"  # launched a head at a time
+    left = main_of(1000, deterministic=True, window=(50, -1))
+    assert left.dq_walk == "shared" and left.heavy_first
+    assert main_of(1000, causal=True).heavy_first and main_of(1000, causal=True).dq_walk is None
+    assert ordered_walk(causal, 10**6, 132) == "diagonal"
+    with pytest.raises(ValueError, match="rotated walk needs an unmasked"):
+        dataclasses.replace(causal, dq_walk="rotated").validate()
 
 
 @pytest.mark.L0

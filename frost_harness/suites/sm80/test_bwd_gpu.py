@@ -315,30 +315,42 @@ def test_strided_vectors_are_served_like_contiguous_ones():
         assert torch.equal(got, expect)
 
 
-ROTATED_CASES = {  # unmasked problems: where the rotated walk applies (sm80/order.py)
-    "dense": dict(seqlen_q=1000, seqlen_k=1000),
-    "gqa_q_longer": dict(heads_q=8, heads_kv=2, seqlen_q=900, seqlen_k=400),  # fewer key blocks than query blocks
+WALK_CASES = {  # (case, the deterministic default's walk there: sm80/order.py)
+    "dense": (dict(seqlen_q=1000, seqlen_k=1000), "rotated"),
+    "gqa_q_longer": (dict(heads_q=8, heads_kv=2, seqlen_q=900, seqlen_k=400), "rotated"),  # fewer key than query blocks
     # more key blocks than query blocks (turns tie on the step), and a sequence with fewer of each
-    "padding": dict(seqlen_q=700, seqlen_k=1100, lengths_q=(700, 301), lengths_k=(1100, 129)),
-    "thd_sinks": dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(300, 9, 4, 700), sinks=True, tail_q=4),
-    "gqa_split": dict(heads_q=8, heads_kv=1, seqlen_q=600, seqlen_k=600),
+    "padding": (dict(seqlen_q=700, seqlen_k=1100, lengths_q=(700, 301), lengths_k=(1100, 129)), "rotated"),
+    "thd_sinks": (dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(300, 9, 4, 700), sinks=True, tail_q=4),
+                  "rotated"),
+    "gqa_split": (dict(heads_q=8, heads_kv=1, seqlen_q=600, seqlen_k=600), "rotated"),
+    # top-left causal with more keys than queries: key blocks past the last row's reach see no row
+    "causal_k_longer": (dict(causal=True, seqlen_q=200, seqlen_k=700), "diagonal"),
+    "gqa_split_window_br": (dict(heads_q=8, heads_kv=1, window=(100, 20), causal_align="bottom_right",
+                                 seqlen_q=777, seqlen_k=900), "diagonal"),
+    "thd_causal_padded_tail": (dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(300, 9, 4, 700), causal=True,
+                                    causal_align="bottom_right", tail_q=4), "diagonal"),
 }
+WALK_MODES = {"default": dict(), "cta_turns": dict(warp_turns=False), "shared": dict(dq_walk="shared")}
 
 
 @pytest.mark.L0
-@pytest.mark.parametrize("rotated", [True, False], ids=["rotated", "shared"])
-@pytest.mark.parametrize("name", list(ROTATED_CASES))
-def test_bwd_sm80_rotated_ordered_dq_matches_oracle_and_is_bitwise_stable(name, rotated, monkeypatch):
-    """Both walks of the ordered dQ on unmasked problems: the rotated one (the default there) and
-    the shared one (``Sm80Backward(rotated_dq=False)``, the walk of masked problems): judged
-    against the oracle, and 20 runs bit for bit; the plan took the walk asked for."""
-    monkeypatch.setattr(_engine(), "rotated_dq", rotated)
-    if name == "gqa_split":
+@pytest.mark.parametrize("mode", list(WALK_MODES))
+@pytest.mark.parametrize("name", list(WALK_CASES))
+def test_bwd_sm80_ordered_dq_walks_match_oracle_and_are_bitwise_stable(name, mode, monkeypatch):
+    """Each walk of the ordered dQ with each turn scope: the default's (rotated unmasked,
+    diagonal under a right bound; warp turns), the same walk with CTA turns, and the shared walk
+    (``Sm80Backward(dq_walk="shared")``, warp turns): judged against the oracle, and 20 runs bit
+    for bit; the plan took the walk and turns asked for."""
+    for attribute, value in {"dq_walk": "auto", "warp_turns": True, **WALK_MODES[mode]}.items():
+        monkeypatch.setattr(_engine(), attribute, value)
+    fields, walk = WALK_CASES[name]
+    if name.startswith("gqa_split"):
         monkeypatch.setattr(_engine(), "split", 4)
-    case = dataclasses.replace(gpu_cases.BASE, deterministic=True, **ROTATED_CASES[name])
+    case = dataclasses.replace(gpu_cases.BASE, deterministic=True, **fields)
     _assert_sm80(case)
     _assert_bitwise_over_20_runs(case)
     inputs = make_inputs(case)
     problem, _ = prepare("forward", inputs.q, inputs.k, inputs.v, **inputs.keywords)  # facts only: as a backward
     main = _engine().records(dataclasses.replace(problem, direction=DIRECTION, deterministic=True))[1]
-    assert main.dq_ordered and main.dq_rotated == rotated
+    assert main.dq_ordered and main.dq_walk == ("shared" if mode == "shared" else walk)
+    assert main.dq_warp_turns == (mode != "cta_turns")

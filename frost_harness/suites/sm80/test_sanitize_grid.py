@@ -34,29 +34,31 @@ def test_grid_runs_on_the_sm80_engines(name):
 
 
 @pytest.mark.L0
-def test_both_walks_run_on_the_unmasked_features():
-    """Where the deterministic default takes the rotated walk (unmasked features), the shared
-    mode runs the shared one; masked features take the shared walk by default."""
+def test_the_deterministic_default_takes_each_walk_on_the_grid():
+    """The deterministic default walks the unmasked features rotated and the right-bounded ones
+    (causal, right windows) diagonally, so the grid runs every walk; the shared mode runs the
+    shared one beside both."""
     import dataclasses
 
     import torch
 
     from frost.problem import prepare
 
-    applies = set()
+    walks = {}
     for name in sanitize.FEATURES:
         t, keywords = sanitize._inputs(name, torch.Generator().manual_seed(0), "cpu")
         problem, _ = prepare("forward", t["q"], t["k"], t["v"], **keywords)  # facts only: as a backward
-        if sanitize.rotated_walk_applies(dataclasses.replace(problem, direction="backward", deterministic=True)):
-            applies.add(name)
+        walks[name] = sanitize.deterministic_walk(dataclasses.replace(problem, direction="backward",
+                                                                      deterministic=True))
     masked = {n for n, (_, kw, _) in sanitize.FEATURES.items() if {"causal", "window"} & set(kw)}
-    assert applies and not applies & masked
-    assert {"dense_d64", "dense_d128_fp16", "partial_hdim", "strided"} <= applies
+    assert {walks[n] for n in masked} == {"diagonal"}  # every masked feature has a right bound
+    assert {walks[n] for n in set(walks) - masked} == {"rotated"}
+    assert {"dense_d64", "dense_d128_fp16", "partial_hdim", "strided"} <= set(walks) - masked
 
 
 # every kernel of the sm80 engines but the split combine and the RoPE pass: the forward, the
-# backward's default and recompute modes, the ordered dQ on the shared walk (causal; dense, forced)
-# and on the rotated one (dense, the deterministic default there)
+# backward's default and recompute modes, the ordered dQ with warp turns on the diagonal walk
+# (causal) and the rotated one (dense), and with CTA turns on the shared walk (forced on both)
 RACECHECK_FEATURES = ("causal", "dense_d64")
 
 
