@@ -124,7 +124,11 @@ class Sm80Backward(Engine):
       whose key blocks of a head fit the device's SMs (one CTA each), diagonal under a
       right-bounded mask (causal, right windows), shared otherwise; ``dq_walk="shared"``
       forces the shared walk. ``warp_turns``: each warp waits for and releases its own turn
-      (no CTA barriers around the reductions).
+      (no CTA barriers around the reductions). The ordered dQ reduces 4 floats at a time on
+      SM90 (``det_reduce_width`` forces a width): its releases wait for the reductions to land,
+      and fewer, wider ones land sooner (deterministic cost 1-4% lower on the H200, against
+      nothing gained in the default mode). For d64 the dQ product comes first in a step
+      (``dq_first``): 1.5-2.5% cheaper there, 1-3% dearer for d128 (H200, benchmarks/NOTES.md).
     """
 
     name = "sdpa_bwd_sm80"
@@ -135,7 +139,7 @@ class Sm80Backward(Engine):
 
     def __init__(self, dq_reduce_width: int = 1, split: int | None = None,
                  heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None,
-                 dq_walk: str = "auto", warp_turns: bool = True):
+                 dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -144,6 +148,7 @@ class Sm80Backward(Engine):
         self.ordered_dq = ordered_dq
         self.dq_walk = dq_walk
         self.warp_turns = warp_turns
+        self.det_reduce_width = det_reduce_width
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -159,7 +164,8 @@ class Sm80Backward(Engine):
         from frost.kernels.sm80.config import BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams
 
         main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
-                                        self.ordered_dq, self.tile_mn, self.dq_walk, self.warp_turns)
+                                        self.ordered_dq, self.tile_mn, self.dq_walk, self.warp_turns,
+                                        self.det_reduce_width)
         pre = BwdPreParams(
             dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
@@ -188,6 +194,13 @@ def _problem_sms(problem: Problem) -> int:
     return _sm_count(problem.device) if problem.device_type == "cuda" else 132
 
 
+def _problem_sm90(problem: Problem) -> bool:
+    """Whether the problem's device has SM90's instructions (a CPU problem: as an H100/H200)."""
+    if problem.device_type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(torch.device(problem.device)) >= (9, 0)
+
+
 def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
     """How many CTAs share a GQA group's query heads: the smallest divisor of the group that
     brings the grid to about two waves (1.9) of ``sm_count`` CTAs, else the whole group."""
@@ -201,10 +214,13 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
 
 def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, heavy_first=None,
                      ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
-                     warp_turns: bool = False):
-    """The main kernel's params and the GQA split count for a problem (see Sm80Backward)."""
+                     warp_turns: bool = False, det_reduce_width: int | None = 1):
+    """The main kernel's params and the GQA split count for a problem (see Sm80Backward).
+    ``det_reduce_width`` None: 4 on SM90, else 1."""
     from frost.kernels.sm80.config import bwd_params_for
 
+    if problem.deterministic and ordered_dq:
+        dq_reduce_width = det_reduce_width or (4 if _problem_sm90(problem) else 1)
     main = bwd_params_for(
         dtype=_DTYPE_NAMES[problem.dtype], head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v,
         layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
@@ -226,7 +242,8 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
     elif heavy_first is None:
         heavy_first = main.has_window_right
     main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first, dq_walk=walk,
-                               dq_warp_turns=main.dq_ordered and warp_turns).validate()
+                               dq_warp_turns=main.dq_ordered and warp_turns,
+                               dq_first=main.dq_ordered and main.flavor == "d64").validate()
     return main, split
 
 
@@ -241,13 +258,25 @@ def ordered_walk(main, key_blocks: int, sms: int) -> str:
     return "shared"
 
 
-def launch_group(problem: Problem, main) -> int:
-    """How many heads' CTAs the diagonal walk launches together (sm80/order.py): as many as fit
-    on the device's SMs at once, one CTA each; 0 (a head at a time, highest key block first) when
-    one head's do not; 0 for the other walks, which ignore it."""
+# the diagonal walk launches a head at a time (highest key block first) from this many waves of
+# CTAs on: its tail is then short, and no CTA waits on one launched after it; below, in groups
+# of heads, heaviest first (H200, causal: MHA d64 at 4096 CTAs 4-6% cheaper a head at a time;
+# d128 at 2048 1-2% dearer; GQA / MQA at 256-512, 30-45% dearer; benchmarks/NOTES.md)
+HEAD_AT_A_TIME_WAVES = 24
+
+
+def launch_group(problem: Problem, main, splits: int) -> int:
+    """How many heads' CTAs the diagonal walk launches together (sm80/order.py): 0 (a head at a
+    time, highest key block first) for grids of HEAD_AT_A_TIME_WAVES or more, or when one head's
+    key blocks outnumber the device's SMs; else as many heads as fit on the SMs at once, one CTA
+    each. 0 for the other walks, which ignore it."""
     if main.dq_walk != "diagonal":
         return 0
-    return _problem_sms(problem) // max(math.ceil(problem.seqlen_k / main.tile_n), 1)
+    sms = _problem_sms(problem)
+    key_blocks = max(math.ceil(problem.seqlen_k / main.tile_n), 1)
+    if key_blocks * problem.heads_kv * splits * problem.batch >= HEAD_AT_A_TIME_WAVES * sms:
+        return 0
+    return sms // key_blocks
 
 
 def bias_dtype_name(problem: Problem) -> str | None:
@@ -448,7 +477,7 @@ class _Sm80BackwardPlan(Plan):
         super().__init__(problem)
         self.params = params  # (pre, main, convert or deterministic dq)
         self.splits = splits
-        self.launch_group = launch_group(problem, params[1])
+        self.launch_group = launch_group(problem, params[1], splits)
         self._compiled = compiled
         self._workspace = _Workspace(problem, splits, params[0], params[1])
         self.rope = rope  # its rotated q and k lead the workspace

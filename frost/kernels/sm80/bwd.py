@@ -21,6 +21,8 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
     dQ = dS.K -> reductions         (deterministic mode: only ordered, below)
     dK += dS^T.Q                    issued after the dQ reductions, which drain under it
 
+(``dq_first``, ordered dQ: the dQ product and its reductions before the dV product.)
+
 dQ goes to a flat fp32 accumulator (``seqlen.py``): each query block owns a
 chunk of ``tile_m * tile_hdim_qk`` floats in the order of the dQ MMA's register
 fragment, thread ``t``'s values ``[w*j, w*j + w)`` at ``(j * threads + t) * w``
@@ -39,8 +41,12 @@ trip); after the dK product (under which the reductions drain) a barrier, then t
 releases the counter by one. With warp turns (``dq_warp_turns``) each warp does this on a
 counter of its own: a thread's reductions touch the same addresses in every CTA and no
 other warp's, so only the same warp of the other key blocks orders them, and the two CTA
-barriers per step are gone. Fixed order, fixed fp32 sums: bitwise reproducible, with no dQ
-recompute pass. The order is the walk's (order.py, which also argues why no CTA waits on
+barriers per step are gone. The release is a GPU-scope fence: it waits until the warp's
+reductions have landed, the main price of the order (H200: about 5-9% of the step; a relaxed
+release, unsafe, measured that much cheaper). So the reductions go out as early as the step
+allows: 4 floats each where the device has ``red.global.add.v4.f32`` (SM90), and with
+``dq_first`` before the dV product, so that two products hide their drain instead of one.
+Fixed order, fixed fp32 sums: bitwise reproducible, with no dQ recompute pass. The order is the walk's (order.py, which also argues why no CTA waits on
 one not yet launched):
 
 - shared (any mask): key blocks lowest first, launched so (heavy_first); each walks its query
@@ -245,17 +251,18 @@ def bwd_kernel(
                             P.dbias_reduce)
         step.stash_p_ds(acc_P, acc_dS)
         cute.arch.barrier()  # P, dS complete in shared memory
-        step.accumulate_dv(acc_dV, stage)
+        if const_expr(not P.dq_first):
+            step.accumulate_dv(acc_dV, stage)
         if const_expr(P.reduces_dq):
             acc_dQ = step.dq_product()
             if const_expr(ORDERED):
                 wait_turn(counter, ordered_turn(mask, n_block, m_block, num_m_blocks), seen, tidx)
             reduce_dq(acc_dQ, seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM_QK), tidx)
-            step.accumulate_dk(acc_dK, stage)
-            if const_expr(ORDERED):
-                pass_turn(counter, tidx)
-        else:
-            step.accumulate_dk(acc_dK, stage)
+        if const_expr(P.dq_first):  # the reductions drain under both products (ordered dQ: module docstring)
+            step.accumulate_dv(acc_dV, stage)
+        step.accumulate_dk(acc_dK, stage)
+        if const_expr(ORDERED):
+            pass_turn(counter, tidx)
 
     # ---- epilogue ------------------------------------------------------------------
     acc_dK.store(acc_dK.load() * scale)

@@ -265,6 +265,9 @@ class BwdParams(_Tiles):
     # each warp waits for its turn and releases it on a counter of its own (its reductions touch
     # addresses no other warp of the CTA does): no CTA barrier around the reductions
     dq_warp_turns: bool = False
+    # ordered dQ: the dQ product and its reductions come first in a step, before the dV product,
+    # so that both dK and dV products run while the reductions drain ahead of the release
+    dq_first: bool = False
     bias_dtype: str | None = None   # an additive bias read by the recompute of P; None: none
     # where dS goes as dbias: stored per element in this dtype (the bias's own without broadcast;
     # float32 per-(batch, head) partials for a broadcast bias in deterministic mode), or with
@@ -316,8 +319,8 @@ class BwdParams(_Tiles):
             bad("tile_n must be a multiple of 64 (the swizzle atom of the P and dS tiles)")
         if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
             bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
-        if self.dq_reduce_width > 1 and self.deterministic:
-            bad("the deterministic mode reduces dQ one float at a time, in order")
+        if self.dq_reduce_width > 1 and self.deterministic and not self.dq_ordered:
+            bad("the deterministic mode reduces dQ in the main kernel only in order (dq_ordered)")
         if self.dq_ordered and not self.deterministic:
             bad("dq_ordered is a way of the deterministic mode")
         if self.dq_ordered != (self.dq_walk is not None) or self.dq_walk not in (None, *DQ_WALKS):
@@ -328,8 +331,8 @@ class BwdParams(_Tiles):
             bad(f"the {self.dq_walk} walk launches a head's key blocks together, not heavy_first")
         if self.dq_walk == "rotated" and (self.has_window_left or self.has_window_right):
             bad("the rotated walk needs an unmasked problem")
-        if self.dq_warp_turns and not self.dq_ordered:
-            bad("dq_warp_turns is a way of the ordered dQ")
+        if (self.dq_warp_turns or self.dq_first) and not self.dq_ordered:
+            bad("dq_warp_turns and dq_first are ways of the ordered dQ")
         if self.dq_chunk % (self.num_threads * self.dq_reduce_width):
             bad("the dQ chunk must split evenly into the threads' reductions")
         if self.smem_bytes() > SMEM_BYTES_MAX:
@@ -371,7 +374,7 @@ def bwd_params_for(
         layout=layout, has_seqlens=has_seqlens, has_window_left=window_left >= 0,
         has_window_right=window_right >= 0,
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
-        dq_reduce_width=1 if deterministic else dq_reduce_width, split_group=split_group,
+        dq_reduce_width=dq_reduce_width if not deterministic or dq_ordered else 1, split_group=split_group,
         dq_ordered=deterministic and dq_ordered, heavy_first=deterministic and dq_ordered,
         dq_walk="shared" if deterministic and dq_ordered else None,
         **dbias_fields(bias_dtype, bias_broadcast, deterministic),

@@ -13,7 +13,8 @@ not, float32 and io dtype, dense, padded, packed; GQA and MQA problems this smal
 groups, so bwd_combine runs too). Each runs the forward, the backward in the
 default mode, and the deterministic mode three ways (ordered dQ, the default: warp turns on
 the rotated walk without a mask, the diagonal one with a right bound; the dQ recompute pass;
-the ordered dQ with CTA turns on the shared walk, where the default takes another).
+the ordered dQ with CTA turns on the shared walk, one float per reduction, where the default
+takes another).
 The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
 every output a kernel writes is finite where the contract makes it finite.
 
@@ -67,9 +68,10 @@ FEATURES = {
 MODES = ("default", "deterministic", "recompute", "shared")
 # deterministic: dQ reduced in order (the walk engines/sm80.ordered_walk picks, warp turns); the
 # modes below force an engine choice: recompute, the bwd_dq pass; shared, the ordered dQ on the
-# shared walk with CTA turns where the default takes another walk (elsewhere it differs from the
-# deterministic mode only in its turns: not run)
-_FORCED = {"recompute": dict(ordered_dq=False), "shared": dict(ordered_dq=True, dq_walk="shared", warp_turns=False)}
+# shared walk with CTA turns, one float per reduction, where the default takes another walk
+# (elsewhere it differs from the deterministic mode only in its turns and width: not run)
+_FORCED = {"recompute": dict(ordered_dq=False),
+           "shared": dict(ordered_dq=True, dq_walk="shared", warp_turns=False, det_reduce_width=1)}
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
 _PACKED_K = (5, 80, 65)
 _PADDED_Q = (200, 0)      # the padded feature's valid lengths (an empty sequence)

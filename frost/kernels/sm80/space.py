@@ -70,7 +70,7 @@ def admitted_bwd_params() -> list:
     produce them."""
     seen: dict = {}
     # det, width, walk (ordered dQ), warp turns; each walk only where engines/sm80.ordered_walk takes it
-    ordered = tuple((True, 1, walk, turns) for walk in DQ_WALKS for turns in (False, True))
+    ordered = tuple((True, width, walk, turns) for width in (1, 4) for walk in DQ_WALKS for turns in (False, True))
     modes = ((False, 1, None, False), (False, 4, None, False), (True, 1, None, False), *ordered)
     biases = ((None, False), ("float32", False), ("float32", True), ("io", False), ("io", True))  # (dtype, broadcast)
     for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, walk, turns), split, bias in (
@@ -89,7 +89,7 @@ def admitted_bwd_params() -> list:
         # the launch order as engines/sm80.backward_choices
         heavy_first = walk == "shared" if walk is not None else main.has_window_right
         main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
-                                   dq_warp_turns=turns).validate()
+                                   dq_warp_turns=turns, dq_first=walk is not None and main.flavor == "d64").validate()
         seen[main] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
                           has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,

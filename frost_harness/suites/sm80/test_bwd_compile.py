@@ -113,14 +113,15 @@ def test_compiled_head_dim_tile_is_the_selected_flavor(head_dim, flavor, tile):
 
 
 @pytest.mark.L0
-def test_wide_dq_reductions_compile_for_sm90_and_refuse_the_deterministic_mode():
+def test_wide_dq_reductions_compile_for_sm90_and_refuse_the_recompute_mode():
     """dq_reduce_width 4 (red.global.add.v4.f32) compiles for sm_90 whatever CUTE_DSL_ARCH says
-    (the record raises its own target); with deterministic=True there are no reductions."""
+    (the record raises its own target); deterministic mode reduces dQ only in order (dq_ordered),
+    with the recompute pass there are no reductions."""
     default = next(p for p in SUBSET if isinstance(p, BwdParams) and not p.deterministic)
     wide = dataclasses.replace(default, dq_reduce_width=4)
     assert wide.target_arch == "sm_90" and default.target_arch == "sm_80"
     assert sm80_compile.compile_bwd(wide) is not None
-    with pytest.raises(ValueError, match="one float at a time"):
+    with pytest.raises(ValueError, match="only in order"):
         dataclasses.replace(default, deterministic=True, dq_reduce_width=4).validate()
     with pytest.raises(ValueError, match="dq_reduce_width"):
         dataclasses.replace(default, dq_reduce_width=3).validate()
@@ -158,8 +159,11 @@ def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
     assert main.dq_warp_turns and pre.dq_counters == main.num_warps == main.dq_turn_slots
     assert pre.accum_tile_m == main.tile_m and isinstance(last, BwdConvertParams)
     assert ordered.launch_group == 132 // 3  # three key blocks of 128: 44 heads' CTAs fit 132 SMs
-    shared = Sm80Backward(dq_walk="shared", warp_turns=False).compile(problem)
+    # off a GPU the plan is an SM90's: 4 floats per reduction; d64: the dQ product first
+    assert main.dq_reduce_width == last.dq_reduce_width == 4 and main.dq_first
+    shared = Sm80Backward(dq_walk="shared", warp_turns=False, det_reduce_width=1).compile(problem)
     assert shared.params[1].heavy_first and shared.params[0].dq_counters == 1 and shared.launch_group == 0
+    assert shared.params[1].dq_reduce_width == 1
     recompute = Sm80Backward(ordered_dq=False).compile(problem)
     assert isinstance(recompute.params[2], BwdDqParams) and not recompute.params[1].dq_ordered
     with pytest.raises(ValueError, match="launches a head's key blocks together"):
@@ -198,8 +202,28 @@ def test_each_walk_is_chosen_only_where_it_is_safe():
     assert left.dq_walk == "shared" and left.heavy_first
     assert main_of(1000, causal=True).heavy_first and main_of(1000, causal=True).dq_walk is None
     assert ordered_walk(causal, 10**6, 132) == "diagonal"
+    assert not main_of(1000, causal=True).dq_first and main_of(1000, deterministic=True).dq_first
     with pytest.raises(ValueError, match="rotated walk needs an unmasked"):
         dataclasses.replace(causal, dq_walk="rotated").validate()
+
+
+@pytest.mark.L0
+def test_diagonal_walk_launches_a_head_at_a_time_on_large_grids():
+    """Groups of heads that fit the SMs at once, heaviest key blocks first; a head at a time
+    (group 0) once the grid has HEAD_AT_A_TIME_WAVES waves, or when one head's key blocks
+    outnumber the SMs."""
+    from frost.engines.sm80 import HEAD_AT_A_TIME_WAVES
+
+    def group_of(batch, seqlen, heads_q=16, heads_kv=16):
+        q = torch.randn(batch, seqlen, heads_q, 64, dtype=torch.bfloat16)
+        k = torch.randn(batch, seqlen, heads_kv, 64, dtype=torch.bfloat16)
+        problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(batch, heads_q, seqlen), do=q,
+                                    causal=True, deterministic=True)
+        return Sm80Backward().compile(problem).launch_group
+
+    assert group_of(1, 4096) == 132 // 32  # 16 x 32 CTAs: under the threshold
+    assert HEAD_AT_A_TIME_WAVES * 132 <= 8 * 16 * 32 and group_of(8, 4096) == 0
+    assert group_of(1, 133 * 128, heads_q=1, heads_kv=1) == 0
 
 
 @pytest.mark.L0

@@ -330,7 +330,8 @@ WALK_CASES = {  # (case, the deterministic default's walk there: sm80/order.py)
     "thd_causal_padded_tail": (dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(300, 9, 4, 700), causal=True,
                                     causal_align="bottom_right", tail_q=4), "diagonal"),
 }
-WALK_MODES = {"default": dict(), "cta_turns": dict(warp_turns=False), "shared": dict(dq_walk="shared")}
+WALK_MODES = {"default": dict(), "cta_turns": dict(warp_turns=False), "shared": dict(dq_walk="shared"),
+              "scalar": dict(det_reduce_width=1)}
 
 
 @pytest.mark.L0
@@ -338,10 +339,12 @@ WALK_MODES = {"default": dict(), "cta_turns": dict(warp_turns=False), "shared": 
 @pytest.mark.parametrize("name", list(WALK_CASES))
 def test_bwd_sm80_ordered_dq_walks_match_oracle_and_are_bitwise_stable(name, mode, monkeypatch):
     """Each walk of the ordered dQ with each turn scope: the default's (rotated unmasked,
-    diagonal under a right bound; warp turns), the same walk with CTA turns, and the shared walk
-    (``Sm80Backward(dq_walk="shared")``, warp turns): judged against the oracle, and 20 runs bit
-    for bit; the plan took the walk and turns asked for."""
-    for attribute, value in {"dq_walk": "auto", "warp_turns": True, **WALK_MODES[mode]}.items():
+    diagonal under a right bound; warp turns; 4 floats per reduction on SM90), the same walk with
+    CTA turns, the shared walk (``Sm80Backward(dq_walk="shared")``, warp turns), and one float per
+    reduction (SM80's width): judged against the oracle, and 20 runs bit for bit; the plan took
+    the walk, turns and width asked for."""
+    defaults = {"dq_walk": "auto", "warp_turns": True, "det_reduce_width": None}
+    for attribute, value in {**defaults, **WALK_MODES[mode]}.items():
         monkeypatch.setattr(_engine(), attribute, value)
     fields, walk = WALK_CASES[name]
     if name.startswith("gqa_split"):
@@ -354,3 +357,5 @@ def test_bwd_sm80_ordered_dq_walks_match_oracle_and_are_bitwise_stable(name, mod
     main = _engine().records(dataclasses.replace(problem, direction=DIRECTION, deterministic=True))[1]
     assert main.dq_ordered and main.dq_walk == ("shared" if mode == "shared" else walk)
     assert main.dq_warp_turns == (mode != "cta_turns")
+    sm90 = torch.cuda.get_device_capability() >= (9, 0)
+    assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
