@@ -198,7 +198,7 @@ def _problem_sm90(problem: Problem) -> bool:
     """Whether the problem's device has SM90's instructions (a CPU problem: as an H100/H200)."""
     if problem.device_type != "cuda":
         return True
-    return torch.cuda.get_device_capability(torch.device(problem.device)) >= (9, 0)
+    return _compute_capability(problem.device) >= (9, 0)
 
 
 def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
