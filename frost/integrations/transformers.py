@@ -7,8 +7,8 @@ builder). Models then take ``attn_implementation="frost"`` (``from_pretrained``,
 
 The rule: frost serves a call only when its keywords describe exactly the attention that
 transformers' own ``sdpa`` function computes from the same arguments; every other call
-goes to that sdpa function (or, with sinks, to the model's eager function, since sdpa
-ignores sinks), and the reason is logged once per reason on the logger
+goes to that sdpa function (or, with sinks or a logit softcap, to the model's eager
+function: sdpa ignores sinks and raises on a softcap), and the reason is logged once per reason on the logger
 ``frost.integrations.transformers`` (``fallbacks()`` counts them, ``reset_fallbacks()``
 forgets them).
 
@@ -121,8 +121,9 @@ def _note_fallback(reason: str) -> None:
 
 def _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
     _note_fallback(reason)
-    if kwargs.get("s_aux") is not None:
-        return _eager_with_sinks(module, query, key, value, attention_mask, dropout, scaling, kwargs)
+    # transformers' sdpa ignores sinks and raises on a softcap: those go to the model's eager function
+    if kwargs.get("s_aux") is not None or kwargs.get("softcap") is not None:
+        return _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return ALL_ATTENTION_FUNCTIONS["sdpa"](
@@ -130,11 +131,21 @@ def _fallback(reason, module, query, key, value, attention_mask, dropout, scalin
     )
 
 
-def _eager_with_sinks(module, query, key, value, attention_mask, dropout, scaling, kwargs):
-    """The model's own eager function: transformers' sdpa would silently drop the sinks."""
+def _sdpa_causal(module, query, is_causal) -> bool:
+    """What sdpa does without a mask: causal (top-left) unless a single query or is_causal=False."""
+    return query.shape[2] > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+
+
+def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
+    """The model's own eager function, for what transformers' sdpa does not compute (sinks,
+    a logit softcap), given the mask sdpa would apply: the eager functions read no
+    ``is_causal``, so the causal mask that sdpa's mask builder left out is built here."""
     eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if eager is None:
         raise NotImplementedError(f"frost cannot serve this call and {type(module).__name__} has no eager function")
+    if attention_mask is None and _sdpa_causal(module, query, is_causal):
+        rows, cols = query.shape[2], key.shape[2]
+        attention_mask = torch.ones(rows, cols, dtype=torch.bool, device=query.device).tril()[None, None]
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         # the eager functions add the mask to the logits: they expect the additive form
         additive = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
@@ -210,9 +221,7 @@ def frost_attention_forward(
     # other strides (frost takes any strides whose last is 1)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if plan is None:
-        # what sdpa does without a mask: causal (top-left) unless a single query or is_causal=False
-        causal = query.shape[2] > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
-        out = frost.attention(q, k, v, scale=scaling, causal=causal, sinks=sinks)
+        out = frost.attention(q, k, v, scale=scaling, causal=_sdpa_causal(module, query, is_causal), sinks=sinks)
     elif plan.packed:
         batch, seqlen = q.shape[:2]
         out = frost.attention(

@@ -446,3 +446,53 @@ def test_sinks_fall_back_to_the_models_eager_function(caplog):
     expected = gpt_oss.eager_attention_forward(module, q, k, v, additive, scaling=0.25)[0]
     assert torch.equal(got, expected)
     assert "not causal" in next(iter(adapter.fallbacks()))
+
+
+@pytest.mark.L0
+def test_sinks_fall_back_causal_without_a_mask(caplog):
+    """Without a mask (sdpa's builder leaves plain causal out) the eager fallback is still
+    causal: the eager functions read no ``is_causal``."""
+    gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    module = _SinkModule().eval()
+    q, k, v = _qkv(2, 7, 7, seed=14)  # float32 outside autocast: frost declines
+    _SinkModule.__module__ = gpt_oss.__name__
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            got = adapter.frost_attention_forward(module, q, k, v, None, scaling=0.25, s_aux=module.sinks)[0]
+    finally:
+        _SinkModule.__module__ = __name__
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    additive = torch.zeros(1, 1, 7, 7).masked_fill(~causal, torch.finfo(torch.float32).min)
+    expected = gpt_oss.eager_attention_forward(module, q, k, v, additive, scaling=0.25)[0]
+    assert torch.equal(got, expected)
+    full = gpt_oss.eager_attention_forward(module, q, k, v, None, scaling=0.25)[0]
+    assert not torch.allclose(got, full)  # the case tells causal from full attention
+    assert "float32 outside autocast" in next(iter(adapter.fallbacks()))
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("padded", [False, True])
+def test_softcap_falls_back_to_the_models_eager_function(caplog, padded):
+    """Gemma 2's logit softcap: transformers' sdpa raises on it, so the call runs the
+    model's eager function, bit for bit as ``attn_implementation="eager"`` does."""
+    if not hasattr(transformers, "Gemma2Config"):
+        pytest.skip("this transformers has no Gemma 2")
+    config = transformers.Gemma2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=6,
+        query_pre_attn_scalar=24, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(config).to(BF16)
+    eager, frost_model = copy.deepcopy(base), copy.deepcopy(base)
+    eager.set_attn_implementation("eager"), frost_model.set_attn_implementation("frost")
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(16))
+    kwargs = {}
+    if padded:
+        kwargs["attention_mask"] = torch.ones_like(ids)
+        kwargs["attention_mask"][1, 9:] = 0
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        got = _run(frost_model, ids, **kwargs)
+    expected = _run(eager, ids, **kwargs)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert list(adapter.fallbacks()) == ["logit softcap"]
