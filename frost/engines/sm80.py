@@ -8,7 +8,8 @@ RoPE pass, and the backward rotates dq and dk back (``sm80_rope.py``).
 Their Capabilities rows say what they accept (an additive bias included: float32 or the io
 dtype, every broadcast of [B|1, Hq|1, Sq, Sk], dense, padded and packed; dbias in the bias's
 dtype, deterministic mode included; frost/kernels/sm80/bias.py); ``check_support`` adds the facts
-a row cannot express (a CUDA device of compute capability 8.x or 9.x, a
+a row cannot express (a CUDA device of compute capability 8.x or 9.x, at most 65535
+sequences, query heads and 64-position blocks per sequence (a grid's y / z), a
 positive scale, 16-byte aligned rows, the DSL installed).
 
 Lowering: ``frost.kernels.sm80.config`` turns the problem into frozen params
@@ -61,11 +62,30 @@ def _dsl_installed() -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
 
+# CUDA launches at most 65535 CTAs along a grid's y and z. The kernels put the batch, the
+# query heads and the sequence blocks there (which goes where depends on the launch order:
+# kernels/sm80/fwd.py, bwd.py), so each must fit; blocks counted at the smallest tile, 64 rows.
+_GRID_YZ_MAX = 65535
+_SMALLEST_TILE = 64
+
+
+def _grid_decline(problem: Problem) -> str | None:
+    blocks = -(-max(problem.seqlen_q, problem.seqlen_k) // _SMALLEST_TILE)
+    for name, extent in (("sequences", problem.batch), ("query heads", problem.heads_q),
+                         (f"blocks of {_SMALLEST_TILE} positions in the longest sequence", blocks)):  # fmt: skip
+        if extent > _GRID_YZ_MAX:
+            return f"{extent} {name}: a CUDA grid dimension holds at most {_GRID_YZ_MAX}"
+    return None
+
+
 def sm80_decline(problem: Problem) -> str | None:
     """What every SM80 engine needs beyond its Capabilities row."""
     major, minor = _compute_capability(problem.device)
     if major not in (8, 9):
         return f"needs an SM80-class GPU (compute capability 8.x or 9.x), got {major}.{minor}"
+    grid = _grid_decline(problem)
+    if grid is not None:
+        return grid
     if problem.scale <= 0:
         return f"needs a positive scale, got {problem.scale}"
     if not problem.vector_aligned:

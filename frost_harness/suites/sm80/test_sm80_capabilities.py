@@ -142,3 +142,33 @@ def test_backward_workspace_holds_the_dbias_target(shape, deterministic, part, p
     assert not {"dbias_accum", "dbias_partial"} - {part} & set(parts)
     if part is not None:
         assert parts[part] == part_shape
+
+
+def _expanded(batch, seqlen, heads, dim=64):
+    """A [batch, seqlen, heads, dim] bf16 view of one row (stride 0 where expanded): the
+    extents of a grid-sized problem without its memory."""
+    return torch.randn(1, 1, 1, dim, dtype=torch.bfloat16).expand(batch, seqlen, heads, dim)
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+@pytest.mark.parametrize(
+    "extents, accepted",
+    [
+        ((65535, 1, 1), True), ((65536, 1, 1), False),  # sequences: the grid's y or z
+        ((1, 1, 65535), True), ((1, 1, 65536), False),  # query heads
+        ((1, 64 * 65535, 1), True), ((1, 64 * 65535 + 1, 1), False),  # blocks of the smallest tile
+    ],
+)
+def test_grid_dimensions_bound_batch_heads_and_blocks(engine, extents, accepted):
+    """A problem whose launch would need more than 65535 CTAs along a grid's y or z goes to
+    another engine (a launch with such a grid fails) rather than to the kernels."""
+    batch, seqlen, heads = extents
+    x = _expanded(batch, seqlen, heads)
+    extra = {}
+    if engine.direction == "backward":
+        extra = dict(o=x, do=x, lse=torch.zeros(1, 1, seqlen).expand(batch, heads, seqlen))
+    problem = dataclasses.replace(Problem.from_call(engine.direction, x, x, x, **extra), device="cuda:0")
+    declined = engine.check_support(problem)
+    assert (declined is None) == accepted, declined
+    if not accepted:
+        assert "at most 65535" in declined
