@@ -221,6 +221,30 @@ _lib.impl("sdpa_forward", _forward_autograd, "Autograd")
 _lib.impl("sdpa_backward", _backward_autograd, "Autograd")
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _autocast(q, k, v, bias):
+    """Under autocast, q, k and v in autocast's dtype, as torch's sdpa (on autocast's list of
+    ops that run in the lower precision) gets them; casts are differentiable, so gradients
+    reach the float32 leaves in float32. A bias in float32 stays (frost takes it as given),
+    one in the other half dtype is cast too; sinks and RoPE tables are float32 by contract."""
+    if not isinstance(q, Tensor) or q.device.type not in _AUTOCAST_DEVICES:
+        return q, k, v, bias
+    device = q.device.type
+    if not torch.is_autocast_enabled(device) or torch.get_autocast_dtype(device) not in _HALF_DTYPES:
+        return q, k, v, bias
+    dtype = torch.get_autocast_dtype(device)
+
+    def cast(x):
+        return x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() and x.dtype != dtype else x
+
+    if isinstance(bias, Tensor) and bias.dtype in _HALF_DTYPES:
+        bias = cast(bias)
+    return cast(q), cast(k), cast(v), bias
+
+
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *,
     scale: float | None = None, causal: bool = False, causal_align: CausalAlign = "top_left",
@@ -235,8 +259,9 @@ def attention(
 
     Keywords as ``frost.sdpa_forward``; ``deterministic`` applies to its backward, and
     ``engine`` names an engine family and forces both directions. Works under
-    ``torch.compile``.
+    ``torch.compile``. Under autocast, q, k and v run in autocast's dtype, as sdpa's do.
     """
+    q, k, v, bias = _autocast(q, k, v, bias)
     window_left, window_right = split_window(window)
     rope_cos, rope_sin = split_rope(rope)
     try:

@@ -153,19 +153,6 @@ def _eager(module, query, key, value, attention_mask, dropout, scaling, is_causa
     return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
-def _autocast(query, key, value):
-    """q, k, v in autocast's dtype where autocast is on, as sdpa (on autocast's list of
-    ops that run in the low dtype) gets them: under autocast the projections are bf16 but
-    RoPE multiplies them by float32 tables, so q and k arrive in float32."""
-    device = query.device.type
-    if query.dtype in _IO_DTYPES and key.dtype == query.dtype and value.dtype == query.dtype:
-        return query, key, value
-    if not torch.is_autocast_enabled(device) or torch.get_autocast_dtype(device) not in _IO_DTYPES:
-        return query, key, value
-    dtype = torch.get_autocast_dtype(device)
-    return query.to(dtype), key.to(dtype), value.to(dtype)
-
-
 def _unsupported(query, key, value, dropout, kwargs) -> str | None:
     """Why frost cannot serve this call whatever its mask, or None."""
     dtypes = {query.dtype, key.dtype, value.dtype}
@@ -216,7 +203,7 @@ def frost_attention_forward(
     sinks = kwargs.get("s_aux")
     if sinks is not None:
         sinks = sinks.float()
-    query, key, value = _autocast(query, key, value)
+    # (under autocast frost.attention casts q, k, v to autocast's dtype, as sdpa's are)
     # frost's dense layout is BSHD: transformers' [B, H, S, D] transposed is that, with
     # other strides (frost takes any strides whose last is 1)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)

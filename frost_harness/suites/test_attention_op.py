@@ -280,3 +280,33 @@ def test_a_repeated_backward_takes_the_plan_its_forward_led_to(monkeypatch):
     want = frost.sdpa_backward(inputs.do, q.detach(), k.detach(), v.detach(), o, lse, **keywords)
     for g, w in zip(got, want[:3]):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def _autocast_loss(q, k, v, bias, do):
+    with torch.autocast("cpu", dtype=BF16):
+        out = frost.attention(q, k, v, causal=True, bias=bias)
+    assert out.dtype == BF16
+    return (out.float() * do).sum()
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_autocast_runs_float32_inputs_in_its_dtype(compiled):
+    """Under autocast float32 q, k, v run in autocast's dtype, as sdpa's do, with the float32
+    bias as given; gradients reach the float32 leaves as the cast's backward makes them: those
+    of the same call on bf16 copies, in float32. Outside autocast float32 stays a ValueError."""
+    inputs = make_inputs(Case(heads_q=4, heads_kv=2, seqlen_q=8, seqlen_k=8, head_dim_qk=16, bias="11"))
+    wide = [x.detach().float().requires_grad_() for x in (inputs.q, inputs.k, inputs.v)]
+    bias = inputs.keywords["bias"].detach().float().requires_grad_()
+    torch.compiler.reset()
+    loss = torch.compile(_autocast_loss, backend="aot_eager", fullgraph=True) if compiled else _autocast_loss
+    loss(*wide, bias, inputs.do.float()).backward()
+    narrow = [x.detach().to(BF16).requires_grad_() for x in wide]
+    bias_given = bias.detach().clone().requires_grad_()
+    out = frost.attention(*narrow, causal=True, bias=bias_given)
+    (out.float() * inputs.do.float()).sum().backward()
+    for got, expected in zip((*wide, bias), (*narrow, bias_given)):
+        assert got.grad.dtype == torch.float32
+        torch.testing.assert_close(got.grad, expected.grad.float(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="q: dtype torch.float32"):
+        frost.attention(*wide, causal=True)
