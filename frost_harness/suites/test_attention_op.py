@@ -283,24 +283,30 @@ def test_a_repeated_backward_takes_the_plan_its_forward_led_to(monkeypatch):
 
 
 def _autocast_loss(q, k, v, bias, do):
-    with torch.autocast("cpu", dtype=BF16):
+    with torch.autocast(q.device.type, dtype=BF16):
         out = frost.attention(q, k, v, causal=True, bias=bias)
     assert out.dtype == BF16
     return (out.float() * do).sum()
 
 
 @pytest.mark.L0
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_autocast_runs_float32_inputs_in_its_dtype(compiled):
+def test_autocast_runs_float32_inputs_in_its_dtype(compiled, device):
     """Under autocast float32 q, k, v run in autocast's dtype, as sdpa's do, with the float32
     bias as given; gradients reach the float32 leaves as the cast's backward makes them: those
     of the same call on bf16 copies, in float32. Outside autocast float32 stays a ValueError."""
-    inputs = make_inputs(Case(heads_q=4, heads_kv=2, seqlen_q=8, seqlen_k=8, head_dim_qk=16, bias="11"))
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    case = Case(heads_q=4, heads_kv=2, seqlen_q=80, seqlen_k=80, head_dim_qk=64, bias="11", device=device)
+    inputs = make_inputs(case)
     wide = [x.detach().float().requires_grad_() for x in (inputs.q, inputs.k, inputs.v)]
     bias = inputs.keywords["bias"].detach().float().requires_grad_()
     torch.compiler.reset()
     loss = torch.compile(_autocast_loss, backend="aot_eager", fullgraph=True) if compiled else _autocast_loss
+    mark = ledger.mark()
     loss(*wide, bias, inputs.do.float()).backward()
+    served = {d.engine for d in ledger.since(mark)}
     narrow = [x.detach().to(BF16).requires_grad_() for x in wide]
     bias_given = bias.detach().clone().requires_grad_()
     out = frost.attention(*narrow, causal=True, bias=bias_given)
@@ -308,5 +314,6 @@ def test_autocast_runs_float32_inputs_in_its_dtype(compiled):
     for got, expected in zip((*wide, bias), (*narrow, bias_given)):
         assert got.grad.dtype == torch.float32
         torch.testing.assert_close(got.grad, expected.grad.float(), rtol=0, atol=0)
+    assert device == "cpu" or served == {"sdpa_fwd_sm80", "sdpa_bwd_sm80"}, served
     with pytest.raises(ValueError, match="q: dtype torch.float32"):
         frost.attention(*wide, causal=True)
