@@ -139,11 +139,13 @@ _NO_DOUBLE_BACKWARD = "frost::sdpa_backward: has no autograd formula (double bac
 
 
 def _eager(q, k, v) -> bool:
-    """Whether this call may skip the dispatcher: plain tensors, no mode or transform that
-    the operators exist to meet (torch.compile, fake tensors, functorch, tensor subclasses)."""
+    """Whether this call may skip the dispatcher: plain tensors off the meta device, no mode
+    or transform that the operators exist to meet (torch.compile, fake tensors, functorch,
+    tensor subclasses). Meta tensors take the operators' shape-only implementations."""
     return (
         not torch.compiler.is_compiling()  # first: dynamo folds it, and traces nothing after it
         and type(q) in plans.PLAIN and type(k) in plans.PLAIN and type(v) in plans.PLAIN
+        and not q.is_meta
         and not torch._C._len_torch_dispatch_stack()
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()

@@ -317,3 +317,18 @@ def test_autocast_runs_float32_inputs_in_its_dtype(compiled, device):
     assert device == "cpu" or served == {"sdpa_fwd_sm80", "sdpa_bwd_sm80"}, served
     with pytest.raises(ValueError, match="q: dtype torch.float32"):
         frost.attention(*wide, causal=True)
+
+
+@pytest.mark.L0
+def test_meta_tensors_get_shapes_forward_and_backward():
+    """On the meta device (a model built there to count shapes or FLOPs) ``attention`` runs the
+    operators' shape-only implementations, as torch's sdpa does, instead of an engine."""
+    q = torch.empty(2, 16, 4, 32, dtype=BF16, device="meta", requires_grad=True)
+    k = torch.empty(2, 24, 2, 32, dtype=BF16, device="meta", requires_grad=True)
+    v = torch.empty(2, 24, 2, 48, dtype=BF16, device="meta", requires_grad=True)
+    mark = ledger.mark()
+    out = frost.attention(q, k, v, causal=True)
+    assert out.is_meta and out.shape == (2, 16, 4, 48) and out.dtype == BF16
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape] and all(g.is_meta for g in grads)
+    assert not ledger.since(mark)  # no engine ran
