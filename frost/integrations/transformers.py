@@ -39,10 +39,12 @@ would copy q, k, v and the output in every layer (in generation, the whole cache
 step), which costs more than sdpa's masked kernel saves. A float (additive) mask is read
 as boolean when its entries are only 0 and -inf / the dtype's minimum and no query row is
 fully masked (sdpa turns such a row into a uniform average, frost into zeros). Also
-falling back: dropout > 0, ``output_attentions``, ``head_mask``, ``softcap``, ``position_bias``, masks
+falling back: dropout > 0, ``output_attentions``, ``head_mask``, ``softcap``, masks
 that differ per head, and dtypes other than float16 / bfloat16 (frost's io dtypes) outside
 autocast (under autocast q, k, v take autocast's dtype first, as sdpa's do).
-Sinks (gpt-oss's ``s_aux``) -> ``sinks`` (float32, differentiable).
+Sinks (gpt-oss's ``s_aux``) -> ``sinks`` (float32, differentiable). T5's ``position_bias``
+([1, H, Sq, Sk], learned) -> ``bias`` (differentiable: dbias reaches the relative-position
+embedding), except with packed sequences, whose positions restart where the bias's do not.
 
 The analysis reads mask values, so under ``torch.compile`` a masked call breaks the
 graph; an unmasked (plain causal) call traces through ``frost.attention``.
@@ -169,8 +171,6 @@ def _unsupported(query, key, value, dropout, kwargs) -> str | None:
         return "head_mask"
     if kwargs.get("softcap") is not None:
         return "logit softcap"
-    if kwargs.get("position_bias") is not None:
-        return "position_bias (a learned additive bias per layer)"
     return None
 
 
@@ -197,18 +197,24 @@ def frost_attention_forward(
         plan = _plan_for(attention_mask, module, kwargs)
         if isinstance(plan, str):
             reason, plan = plan, None
+    bias = kwargs.get("position_bias")
+    if reason is None and bias is not None and plan is not None and plan.packed:
+        reason = "position_bias with packed sequences (its positions are the row's, frost's restart per sequence)"
     if reason is not None:
         return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
 
     sinks = kwargs.get("s_aux")
     if sinks is not None:
         sinks = sinks.float()
+    if bias is not None and bias.stride(-1) != 1:  # T5's relative bias is a permuted embedding
+        bias = bias.contiguous()
     # (under autocast frost.attention casts q, k, v to autocast's dtype, as sdpa's are)
     # frost's dense layout is BSHD: transformers' [B, H, S, D] transposed is that, with
     # other strides (frost takes any strides whose last is 1)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if plan is None:
-        out = frost.attention(q, k, v, scale=scaling, causal=_sdpa_causal(module, query, is_causal), sinks=sinks)
+        out = frost.attention(q, k, v, scale=scaling, causal=_sdpa_causal(module, query, is_causal), sinks=sinks,
+                              bias=bias)  # fmt: skip
     elif plan.packed:
         batch, seqlen = q.shape[:2]
         out = frost.attention(
@@ -220,7 +226,7 @@ def frost_attention_forward(
     else:
         out = frost.attention(
             q, k, v, scale=scaling, causal=plan.causal, causal_align=plan.causal_align,
-            window=(plan.window_left, 0 if plan.causal else -1), seqlens_k=plan.seqlens_k, sinks=sinks,
+            window=(plan.window_left, 0 if plan.causal else -1), seqlens_k=plan.seqlens_k, sinks=sinks, bias=bias,
         )  # fmt: skip
     return out.contiguous(), None
 

@@ -496,3 +496,61 @@ def test_softcap_falls_back_to_the_models_eager_function(caplog, padded):
     expected = _run(eager, ids, **kwargs)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     assert list(adapter.fallbacks()) == ["logit softcap"]
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("padded", [False, True])
+def test_t5_position_bias_as_bias(padded):
+    """T5's learned relative-position bias travels as frost's ``bias``, its gradient (dbias)
+    back to the bias embedding: every attention call is frost's, none falls back."""
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                   decoder_start_token_id=0, dropout_rate=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    base = transformers.T5ForConditionalGeneration(config)
+    models = []
+    for impl, dtype in (("sdpa", torch.float32), ("sdpa", BF16), ("frost", BF16)):
+        model = copy.deepcopy(base).to(dtype)
+        model.set_attn_implementation(impl)
+        models.append(model)
+    ref, sdpa, frost_model = models
+    generator = torch.Generator().manual_seed(17)
+    ids, decoder_ids = torch.randint(1, VOCAB, (2, 10), generator=generator), torch.randint(1, VOCAB, (2, 6), generator=generator)
+    kwargs = dict(decoder_input_ids=decoder_ids, labels=decoder_ids)
+    if padded:
+        kwargs["attention_mask"] = torch.ones_like(ids)
+        kwargs["attention_mask"][1, 7:] = 0
+    mark = ledger.mark()
+    got = _run(frost_model, ids, **kwargs)
+    problems = _frost_forwards(mark)
+    # encoder self, decoder self and cross attention in each of the two blocks
+    assert len(problems) == 6 and all(p.bias is not None for p in problems)
+    assert sum(p.has_seqlens for p in problems) == (4 if padded else 0)  # encoder self and cross attention
+    expected, reference = _run(sdpa, ids, **kwargs), _run(ref, ids, **kwargs)
+    assert_like_sdpa(got[0], expected[0], reference[0], "logits")
+    assert_like_sdpa(got[1], expected[1], reference[1], "gradients")
+    name = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    grads = [dict(m.named_parameters())[name].grad.float() for m in models]
+    assert grads[2].abs().max() > 0
+    assert_like_sdpa(grads[2], grads[1], grads[0], "relative bias gradient")
+    assert not adapter.fallbacks()
+
+
+@pytest.mark.L0
+def test_position_bias_with_packing_falls_back():
+    """Packed sequences restart frost's bias positions; a row-wide position_bias does not."""
+    from transformers import masking_utils as mu
+
+    q, k, v = _qkv(1, 8, 8, seed=18, dtype=BF16)
+    position_ids = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    packed = mu.and_masks(_on_positions(mu.causal_mask_function, position_ids),
+                          mu.packed_sequence_mask_function(torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])))  # fmt: skip
+    mask = _sdpa_mask(1, 8, 8, packed)
+    bias = torch.randn(1, 4, 8, 8, dtype=BF16)
+    module = types.SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
+    got = adapter.frost_attention_forward(module, q, k, v, mask, scaling=0.25, position_bias=bias,
+                                          position_ids=position_ids)[0]  # fmt: skip
+    assert "position_bias with packed sequences" in next(iter(adapter.fallbacks()))
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    expected = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25, position_bias=bias)[0]
+    assert torch.equal(got, expected)
