@@ -47,7 +47,10 @@ Sinks (gpt-oss's ``s_aux``) -> ``sinks`` (float32, differentiable). T5's ``posit
 embedding), except with packed sequences, whose positions restart where the bias's do not.
 
 The analysis reads mask values, so under ``torch.compile`` a masked call breaks the
-graph; an unmasked (plain causal) call traces through ``frost.attention``.
+graph (``fullgraph=True`` fails; the default compile runs, each layer's attention between
+two graphs); an unmasked (plain causal) call traces through ``frost.attention``. With torch
+before 2.14 transformers builds the mask even for plain causal calls while compiling (its
+skip test cannot run under dynamo there), so every call is a masked one.
 """
 from __future__ import annotations
 
