@@ -28,6 +28,7 @@ exempts for A (``frost_harness.oracle.tolerance.known_limit``) are exempt on eve
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,7 +39,8 @@ from frost_harness.fuzz.failures import PropertyFailure, reproduce_command
 from frost_harness.fuzz.properties import observe
 from frost_harness.oracle.masking import Visibility
 from frost_harness.oracle.segments import Layout, split
-from frost_harness.suites.harness import Case, Inputs, make_inputs, poison_bias
+from frost_harness.oracle import operand_slack
+from frost_harness.suites.harness import Case, Inputs, judged, make_inputs, poison_bias
 
 Outputs = dict[str, torch.Tensor | None]
 
@@ -72,6 +74,7 @@ def check_identity(identity: Identity, case: Case, engine: str | None = None) ->
              "backward": (runs.oracle_backward(inputs), runs.baseline_backward(inputs))}
     exempt = {"forward": {}, "backward": runs.known_limit(inputs)}
     part_forwards = {}  # each part's oracle forward: the o and lse its backward is fed
+    operands = {}  # per direction, what A's io-dtype operands cost (operand_slack), once a verdict needs it
     ratios = []
     for direction, (reference, baseline) in truth.items():
         problem = runs.problem_of(inputs, direction)
@@ -90,8 +93,12 @@ def check_identity(identity: Identity, case: Case, engine: str | None = None) ->
                     got.append(outputs)
                     served.add(decision.engine)
                 mapped = side.back(got)
-                verdicts = compare.agree(mapped, want, reference, baseline, io_dtype=case.dtype, exclude=side.exclude,
-                                         exempt=exempt[direction], slack=side.slack)
+
+                def judge(slack):
+                    return compare.agree(mapped, want, reference, baseline, io_dtype=case.dtype,
+                                         exclude=side.exclude, exempt=exempt[direction], slack=slack)
+
+                verdicts = judged(judge, lambda: _with_operand_slack(side.slack, operands, inputs, direction, truth))
                 error = _bit_mismatch(side, direction, mapped, want)
                 command = reproduce_command(identity.name, case, name)
                 compare.record(side.label, case, name, problem, verdicts, command, error)
@@ -102,6 +109,26 @@ def check_identity(identity: Identity, case: Case, engine: str | None = None) ->
                                         + [v.describe() for v in verdicts.values()])  # fmt: skip
                     raise PropertyFailure(identity.name, case, name, details)
     observe("identity error/allowed", ratios)
+
+
+def _with_operand_slack(own: dict, operands: dict, inputs: Inputs, direction: str, truth: dict) -> dict:
+    """The side's own slack plus twice what A's io-dtype operands cost by themselves
+    (``frost_harness.oracle.operand_slack``: RoPE's rounded rotations, the backward's given o and lse):
+    A and B are each allowed that error of the contract's own arithmetic. Computed once per
+    direction, and only for a comparison that fails without it (``harness.judged``)."""
+    if direction not in operands:
+        forward, kw = truth["forward"][0], inputs.keywords
+        if direction == "forward":
+            operands[direction] = operand_slack.forward_slack(inputs.q, inputs.k, inputs.v,
+                                                              (forward["o"], forward["lse"]), **kw)  # fmt: skip
+        else:
+            o, lse = runs.rounded(forward, inputs)
+            grads = types.SimpleNamespace(**truth["backward"][0])
+            operands[direction] = operand_slack.backward_slack(inputs.do, inputs.q, inputs.k, inputs.v, o, lse,
+                                                               grads, **kw)  # fmt: skip
+    extra = operands[direction]
+    return {name: own.get(name, 0.0) + 2 * extra[name] if name in extra else own[name]
+            for name in {*own, *extra}}
 
 
 def _bit_mismatch(side: Side, direction: str, got: Outputs, want: Outputs) -> str:

@@ -65,7 +65,7 @@ FOCUS = {
     "dq-det-scale-doubled": "test_bwd_sm80_recompute_deterministic_matches_oracle and (gqa or window_left)",
     "fwd-scale-log2": _FWD + "dense",
     "sink-dropped": _FWD + "(sinks-torch or large_logits_sinks)",
-    "dsink-sign": _BWD + "(sinks-torch or large_logits_sinks) and not window_zero_sinks",  # that one: strict xfail
+    "dsink-sign": _BWD + "(sinks-torch or large_logits_sinks) and not window_zero_sinks",  # that one: a strict xfail once
     "thd-seqlen-k": _FWD + "(thd_causal_gqa or thd_br_window_sinks or edge_thd)",
     "thd-lse-offset": _BWD + "(thd_causal_gqa or thd_br_window_sinks or edge_thd)",
     "thd-accum-slab": _BWD + "(thd-torch or edge_thd or thd_causal_gqa)",

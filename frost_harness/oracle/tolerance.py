@@ -173,7 +173,7 @@ def _check_one(name: str, x: Tensor, x64: Tensor, x_lp: Tensor, io_dtype, exclud
     base_max = float(base.max()) if base.numel() else 0.0
     allowed = k * base_max + floor
     extra = None if slack is None else slack.to(device=device, dtype=F64).expand_as(x64)[compared]
-    if extra is not None:  # an error the problem's operands make by themselves (rope_slack.py)
+    if extra is not None:  # an error the problem's operands make by themselves (operand_slack.py)
         allowed = allowed + extra
     if err.numel():
         ratios = err / allowed
@@ -222,7 +222,7 @@ def check(outputs: Mapping[str, Tensor | None], reference: Mapping[str, Tensor |
     (its L2 figures are still reported); the default is the rule as written.
     ``exempt`` maps a name to the reason rules 1 and 2 do not judge it
     (``known_limit``); non-finite values still fail it. ``slack`` maps a name to an absolute
-    error per element that both rules allow on top (``rope_slack``: RoPE's io-dtype operands).
+    error per element that both rules allow on top (``operand_slack``: the io-dtype operands).
     """
     verdicts = {}
     for name, x64 in reference.items():

@@ -59,6 +59,10 @@ def test_sink_equals_zero_value_key(case):
 # scale 0: A's lse is log 2, B's is c + log 2 in float32 (|c| <= 64), whose rounding A's allowance lacked
 @example(case=Case(batch=2, seqlen_q=6, seqlen_k=2, heads_q=6, heads_kv=3, head_dim_qk=2, head_dim_v=2, rope=True,
                    scale=0.0, dtype=torch.float16, strided=True))
+# CPU fuzz of 2026-12-04: A on torch-sdpa (D from the given fp16 o, peaked rows), B on unfused: dq
+# 1.01x the comparison's allowance, which now adds what A's given operands cost (operand_slack.py)
+@example(case=Case(batch=2, seqlen_q=4, seqlen_k=10, heads_q=1, heads_kv=1, head_dim_qk=16, head_dim_v=16,
+                   window=(-1, 0), scale=-2.0, dtype=torch.float16, logit_scale=4.0, seed=1))
 def test_row_shift_changes_nothing(case):
     catalog.run("row_shift_changes_nothing", case)
 

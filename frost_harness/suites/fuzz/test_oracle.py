@@ -64,6 +64,16 @@ def test_forward_matches_oracle(case):
 @example(case=Case(batch=2, seqlen_q=18, seqlen_k=2, heads_q=5, heads_kv=1, head_dim_qk=8, head_dim_v=8, causal=True,
                    causal_align="bottom_right", window=(2, 0), bias="B1", bias_dtype=torch.bfloat16, bias_scale=30.0,
                    seed=1477))
+# CPU fuzz of 2026-12-04: each row sees one key beside a sink (window (0, 0)); unfused's dk at 1.02x
+# rule 2 without the allowance for the given o and lse (frost_harness/oracle/operand_slack.py)
+@example(case=Case(batch=1, seqlen_q=17, seqlen_k=17, lengths_q=(17,), lengths_k=(17,), heads_q=4, heads_kv=4,
+                   head_dim_qk=5, head_dim_v=32, causal_align="bottom_right", window=(0, 0), bias="BH", sinks=True,
+                   scale=0.3, dtype=torch.float16, bias_dtype=torch.float16, bias_holes=True, bias_scale=4.0,
+                   sink_scale=20.0, logit_scale=4.0, seed=212))
+# the same night: peaked fp16 rows (scale -2), where torch's CPU flash backward takes D from the
+# given o: dq 4x the baseline's L2 error, all of it what that o costs (operand_slack.py)
+@example(case=Case(batch=1, seqlen_q=5, seqlen_k=10, heads_q=1, heads_kv=1, head_dim_qk=24, head_dim_v=24, scale=-2.0,
+                   dtype=torch.float16, logit_scale=4.0, strided=True, seed=0))
 def test_backward_matches_oracle(case):
     catalog.run("backward_matches_oracle", case)
 
@@ -86,7 +96,7 @@ def test_backward_matches_oracle_gpu(case):
 # logits in the hundreds, where the rotated q and k rounded to fp16 (as the baseline and every fused
 # kernel do) cost more than the rule as written allowed (o at 3x, dv at 5.5x). A CPU emulation of the
 # sm80 arithmetic reproduced each figure; with the allowance for those operands
-# (frost_harness/oracle/rope_slack.py) it passes them (worst 0.81); so did the H200 (L0 GPU suite, 2026-12-03).
+# (frost_harness/oracle/operand_slack.py) it passes them (worst 0.81); so did the H200 (L0 GPU suite, 2026-12-03).
 FOUND_ON_GPU = {
     "rope_forward_bias": ("forward_matches_oracle", Case(
         batch=1, seqlen_q=8, seqlen_k=9, heads_q=1, heads_kv=1, head_dim_qk=64, head_dim_v=64,
