@@ -8,9 +8,9 @@ builder). Models then take ``attn_implementation="frost"`` (``from_pretrained``,
 The rule: frost serves a call only when its keywords describe exactly the attention that
 transformers' own ``sdpa`` function computes from the same arguments; every other call
 goes to that sdpa function (or, with sinks or a logit softcap, to the model's eager
-function: sdpa ignores sinks and raises on a softcap), and the reason is logged once per reason on the logger
-``frost.integrations.transformers`` (``fallbacks()`` counts them, ``reset_fallbacks()``
-forgets them).
+function: sdpa ignores sinks and raises on a softcap), and the reason is logged once per
+reason on the logger ``frost.integrations.transformers`` (``fallbacks()`` counts them,
+``reset_fallbacks()`` forgets them).
 
 The mask. "frost" registers transformers' sdpa mask builder as its mask function, so the
 attention function receives what sdpa receives: ``None`` (plain causal; full attention

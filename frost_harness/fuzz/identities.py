@@ -37,9 +37,9 @@ import torch
 from frost_harness.fuzz import compare, runs
 from frost_harness.fuzz.failures import PropertyFailure, reproduce_command
 from frost_harness.fuzz.properties import observe
+from frost_harness.oracle import operand_slack
 from frost_harness.oracle.masking import Visibility
 from frost_harness.oracle.segments import Layout, split
-from frost_harness.oracle import operand_slack
 from frost_harness.suites.harness import Case, Inputs, judged, make_inputs, poison_bias
 
 Outputs = dict[str, torch.Tensor | None]
