@@ -232,9 +232,11 @@ def _autocast(q, k, v, bias):
     ops that run in the lower precision) gets them; casts are differentiable, so gradients
     reach the float32 leaves in float32. A bias in float32 stays (frost takes it as given),
     one in the other half dtype is cast too; sinks and RoPE tables are float32 by contract."""
-    if not isinstance(q, Tensor) or q.device.type not in _AUTOCAST_DEVICES:
+    if not torch._C._is_any_autocast_enabled() or not isinstance(q, Tensor):  # one C call off autocast
         return q, k, v, bias
     device = q.device.type
+    if device not in _AUTOCAST_DEVICES:
+        return q, k, v, bias
     if not torch.is_autocast_enabled(device) or torch.get_autocast_dtype(device) not in _HALF_DTYPES:
         return q, k, v, bias
     dtype = torch.get_autocast_dtype(device)

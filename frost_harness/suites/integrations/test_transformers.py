@@ -19,6 +19,7 @@ case: logits error 4.05e-3 (frost) vs 4.15e-3 (sdpa) at magnitude 0.66; gradient
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
@@ -45,16 +46,17 @@ def _config(kind="llama", **overrides):
     return transformers.MistralConfig(**fields) if kind == "mistral" else transformers.LlamaConfig(**fields)
 
 
-def _models(config):
-    """(float32 sdpa reference, bf16 sdpa, bf16 frost): one random init, three copies."""
+def _models(config, build=None, copies=(("sdpa", torch.float32), ("sdpa", BF16), ("frost", BF16))):
+    """One random init (``build(config)``, a causal LM by default), a copy per (implementation,
+    dtype) of ``copies``: by default the float32 sdpa reference, bf16 sdpa and bf16 frost."""
     torch.manual_seed(0)
-    base = transformers.AutoModelForCausalLM.from_config(config)
+    base = (build or transformers.AutoModelForCausalLM.from_config)(config)
     built = []
-    for impl, dtype in (("sdpa", torch.float32), ("sdpa", BF16), ("frost", BF16)):
+    for impl, dtype in copies:
         model = copy.deepcopy(base).to(dtype)  # deepcopy: each copy its own config
         model.set_attn_implementation(impl)
         built.append(model)
-    assert built[2].config._attn_implementation == "frost" and built[1].config._attn_implementation == "sdpa"
+    assert [m.config._attn_implementation for m in built] == [impl for impl, _ in copies]
     return built
 
 
@@ -407,6 +409,17 @@ class _SinkModule(torch.nn.Module):
         self.sinks = torch.nn.Parameter(torch.linspace(-1.0, 1.5, 4))
 
 
+@contextlib.contextmanager
+def _posing_as(model_module):
+    """_SinkModule posing as ``model_module``'s attention class, for the adapter's lookup of
+    the model's eager function."""
+    _SinkModule.__module__ = model_module.__name__
+    try:
+        yield
+    finally:
+        _SinkModule.__module__ = __name__
+
+
 @pytest.mark.L0
 def test_sinks_as_gpt_oss_eager_computes_them():
     gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
@@ -436,12 +449,8 @@ def test_sinks_fall_back_to_the_models_eager_function(caplog):
     mask = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()
     mask[0, 0, 4, 1] = False  # a hole frost cannot express
     q, k, v = _qkv(1, 6, 6, seed=13, dtype=BF16)
-    _SinkModule.__module__ = gpt_oss.__name__  # pose as gpt-oss's module for the lookup
-    try:
-        with caplog.at_level(logging.WARNING, logger=LOGGER):
-            got = adapter.frost_attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=module.sinks)[0]
-    finally:
-        _SinkModule.__module__ = __name__
+    with _posing_as(gpt_oss), caplog.at_level(logging.WARNING, logger=LOGGER):
+        got = adapter.frost_attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=module.sinks)[0]
     additive = torch.zeros(mask.shape, dtype=BF16).masked_fill(~mask, torch.finfo(BF16).min)
     expected = gpt_oss.eager_attention_forward(module, q, k, v, additive, scaling=0.25)[0]
     assert torch.equal(got, expected)
@@ -455,12 +464,8 @@ def test_sinks_fall_back_causal_without_a_mask(caplog):
     gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
     module = _SinkModule().eval()
     q, k, v = _qkv(2, 7, 7, seed=14)  # float32 outside autocast: frost declines
-    _SinkModule.__module__ = gpt_oss.__name__
-    try:
-        with caplog.at_level(logging.WARNING, logger=LOGGER):
-            got = adapter.frost_attention_forward(module, q, k, v, None, scaling=0.25, s_aux=module.sinks)[0]
-    finally:
-        _SinkModule.__module__ = __name__
+    with _posing_as(gpt_oss), caplog.at_level(logging.WARNING, logger=LOGGER):
+        got = adapter.frost_attention_forward(module, q, k, v, None, scaling=0.25, s_aux=module.sinks)[0]
     causal = torch.ones(7, 7, dtype=torch.bool).tril()
     additive = torch.zeros(1, 1, 7, 7).masked_fill(~causal, torch.finfo(torch.float32).min)
     expected = gpt_oss.eager_attention_forward(module, q, k, v, additive, scaling=0.25)[0]
@@ -482,10 +487,7 @@ def test_softcap_falls_back_to_the_models_eager_function(caplog, padded):
         num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=6,
         query_pre_attn_scalar=24, pad_token_id=0,
     )  # fmt: skip
-    torch.manual_seed(0)
-    base = transformers.AutoModelForCausalLM.from_config(config).to(BF16)
-    eager, frost_model = copy.deepcopy(base), copy.deepcopy(base)
-    eager.set_attn_implementation("eager"), frost_model.set_attn_implementation("frost")
+    eager, frost_model = _models(config, copies=(("eager", BF16), ("frost", BF16)))
     ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(16))
     kwargs = {}
     if padded:
@@ -505,13 +507,7 @@ def test_t5_position_bias_as_bias(padded):
     back to the bias embedding: every attention call is frost's, none falls back."""
     config = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                                    decoder_start_token_id=0, dropout_rate=0.0)  # fmt: skip
-    torch.manual_seed(0)
-    base = transformers.T5ForConditionalGeneration(config)
-    models = []
-    for impl, dtype in (("sdpa", torch.float32), ("sdpa", BF16), ("frost", BF16)):
-        model = copy.deepcopy(base).to(dtype)
-        model.set_attn_implementation(impl)
-        models.append(model)
+    models = _models(config, build=transformers.T5ForConditionalGeneration)
     ref, sdpa, frost_model = models
     generator = torch.Generator().manual_seed(17)
     ids, decoder_ids = torch.randint(1, VOCAB, (2, 10), generator=generator), torch.randint(1, VOCAB, (2, 6), generator=generator)
