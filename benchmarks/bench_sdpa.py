@@ -25,6 +25,7 @@ included: a reduction over the batch). torch's backends get the same bias as ``a
 efficient backend, and cuDNN where it serves it, take it only in the io dtype, so they get it
 rounded to bf16, with the causal mask folded in as -inf since torch takes no ``is_causal`` beside
 a mask; the mask requires grad in the backward); the ratio column is frost / efficient.
+With ``--variants`` the backward also runs with its bias choices forced (``BIAS_VARIANTS``).
 
 ``--variants`` adds backward columns for the engine's choices, forced one at a
 time through the plan. Deterministic mode's (``--variants det`` times only these): ``det_rec``
@@ -336,8 +337,17 @@ def _bias_inputs(s, d, causal):
     return (b, h), (q, k, v, do), bias, mask
 
 
-def bias_rows(d, s, causal, reps_ms: int) -> list[dict]:
-    """``--bias``: a forward and a backward row of one shape, frost against torch's backends."""
+# how the bias reaches the scores and dbias is reduced (engines/sm80.py, backward_choices), forced,
+# by column name (``--bias --variants``): "before" is the choice of 2026-12-04's first commit (bias
+# read from global memory, key blocks launched fastest or heavy-first, one float per reduction)
+BIAS_VARIANTS = {"before": dict(bias_staged=False, batch_inner=False, dbias_reduce_width=1),
+                 "unstaged": dict(bias_staged=False),
+                 "staged_grid": dict(batch_inner=False)}
+
+
+def bias_rows(d, s, causal, reps_ms: int, variants: bool = False) -> list[dict]:
+    """``--bias``: a forward and a backward row of one shape, frost against torch's backends;
+    with ``variants`` the backward's dbias reductions forced each way (BIAS_VARIANTS)."""
     (b, h), (q, k, v, do), bias, mask = _bias_inputs(s, d, causal)
     flops = _flops(b, s, h, d, causal)
     rows = []
@@ -356,6 +366,12 @@ def bias_rows(d, s, causal, reps_ms: int) -> list[dict]:
             det = lambda: frost.sdpa_backward(do, q, k, v, o, lse, causal=causal, bias=bias,  # noqa: E731
                                               deterministic=True, out=grads)
             row["frost_det"] = work / _bench(det, reps_ms) / 1e9
+            if variants:
+                problem, tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, causal=causal, bias=bias)
+                for name, choice in BIAS_VARIANTS.items():
+                    plan = Sm80Backward(**choice).compile(problem)
+                    space = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
+                    row[name] = work / _bench(lambda: plan.execute(tensors, out=grads, workspace=space), reps_ms) / 1e9
         row["frost"] = work / _bench(run, reps_ms) / 1e9
         for backend in ("cudnn", "efficient"):
             try:
@@ -380,7 +396,8 @@ def bias_rows(d, s, causal, reps_ms: int) -> list[dict]:
 
 
 def print_bias_table(rows: list[dict]) -> None:
-    cols = ["direction", "B", "S", "Hq", "d", "causal", "frost", "frost_det", "cudnn", "efficient", "frost/efficient"]
+    cols = ["direction", "B", "S", "Hq", "d", "causal", "frost", "frost_det", *[c for c in BIAS_VARIANTS if any(c in r for r in rows)],
+            "cudnn", "efficient", "frost/efficient"]
     print("| " + " | ".join(cols) + " | notes |")
     print("|" + "---|" * (len(cols) + 1))
     for r in rows:
@@ -495,7 +512,7 @@ def main(argv=None) -> int:
         return rope_main(args)
     if args.bias:
         rows = [r for i, shape in enumerate(BIAS_SHAPES) if not args.only or str(i) in args.only.split(",")
-                for r in bias_rows(*shape, args.reps_ms)]
+                for r in bias_rows(*shape, args.reps_ms, bool(args.variants))]
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bench_sdpa_bias.json").write_text(json.dumps(rows, indent=1))
         print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (TFLOP/s; ratio = frost / efficient)")

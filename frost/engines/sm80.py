@@ -136,6 +136,10 @@ class Sm80Backward(Engine):
     - the GQA split: the query heads of a group are spread over CTAs when the unsplit grid
       would be under two waves of the device's SMs (``split`` forces a count; 1 disables);
     - heavy-first launch order for causal / right-windowed problems (``heavy_first`` forces it);
+    - for a dbias reduced over the batch (a bias broadcast over it, default mode): sequences
+      launched fastest (``batch_inner``, in place of heavy-first) and two floats per reduction
+      on SM90 (``dbias_reduce_width``); ``bias_batch_inner`` and ``backward_choices`` say when;
+    - a float32 bias staged through shared memory where the device has room (``bias_staged``);
     - in deterministic mode, how dQ is made: by the main kernel's reductions in a fixed order
       (``ordered_dq``, the default: sm80/bwd.py, "Ordered dQ"), or with ``ordered_dq=False`` by
       the ``bwd_dq`` recompute pass. Measured on the H200 (benchmarks/NOTES.md) the ordered way
@@ -159,7 +163,9 @@ class Sm80Backward(Engine):
 
     def __init__(self, dq_reduce_width: int = 1, split: int | None = None,
                  heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None,
-                 dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None):
+                 dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
+                 batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
+                 bias_staged: bool | None = None):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -169,6 +175,9 @@ class Sm80Backward(Engine):
         self.dq_walk = dq_walk
         self.warp_turns = warp_turns
         self.det_reduce_width = det_reduce_width
+        self.batch_inner = batch_inner
+        self.dbias_reduce_width = dbias_reduce_width
+        self.bias_staged = bias_staged
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -185,7 +194,8 @@ class Sm80Backward(Engine):
 
         main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
                                         self.ordered_dq, self.tile_mn, self.dq_walk, self.warp_turns,
-                                        self.det_reduce_width)
+                                        self.det_reduce_width, self.batch_inner, self.dbias_reduce_width,
+                                        self.bias_staged)
         pre = BwdPreParams(
             dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
@@ -214,6 +224,21 @@ def _problem_sms(problem: Problem) -> int:
     return _sm_count(problem.device) if problem.device_type == "cuda" else 132
 
 
+@functools.lru_cache(maxsize=None)
+def _smem_optin(device: str) -> int:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.device(device)).shared_memory_per_block_optin
+    return _HOPPER_SMEM if _compute_capability(device) >= (9, 0) else 163 * 1024  # a stubbed device
+
+
+_HOPPER_SMEM = 227 * 1024
+
+
+def _problem_smem(problem: Problem) -> int:
+    """Shared memory a CTA may opt in to on the problem's device (a CPU problem: an H100/H200's)."""
+    return _smem_optin(problem.device) if problem.device_type == "cuda" else _HOPPER_SMEM
+
+
 def _problem_sm90(problem: Problem) -> bool:
     """Whether the problem's device has SM90's instructions (a CPU problem: as an H100/H200)."""
     if problem.device_type != "cuda":
@@ -234,9 +259,15 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
 
 def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, heavy_first=None,
                      ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
-                     warp_turns: bool = False, det_reduce_width: int | None = 1):
+                     warp_turns: bool = False, det_reduce_width: int | None = 1, batch_inner: bool | None = False,
+                     dbias_reduce_width: int | None = 1, bias_staged: bool | None = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward).
-    ``det_reduce_width`` None: 4 on SM90, else 1."""
+    ``det_reduce_width`` None: 4 on SM90, else 1. For a dbias reduced over broadcast dims,
+    ``batch_inner`` None: ``bias_batch_inner`` unless ``heavy_first`` is forced;
+    ``dbias_reduce_width`` None: 2 floats per reduction on SM90 where the accumulator's rows
+    are 8-byte aligned (it is contiguous: an even Sk), else 1. ``bias_staged`` None: a float32
+    bias tile comes through shared memory (cp.async a step ahead) where the device has the
+    room; read where the scores need it, it cost half the step (H200, benchmarks/NOTES.md)."""
     from frost.kernels.sm80.config import bwd_params_for
 
     if problem.deterministic and ordered_dq:
@@ -257,14 +288,34 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
     walk = main.dq_walk
     if main.dq_ordered and dq_walk != "shared":
         walk = ordered_walk(main, math.ceil(problem.seqlen_k / main.tile_n), sms)
+    if batch_inner is None:
+        batch_inner = heavy_first is None and bias_batch_inner(problem, main)
     if main.dq_ordered:  # the walk decides the launch order (sm80/order.py)
         heavy_first = walk == "shared"
     elif heavy_first is None:
-        heavy_first = main.has_window_right
+        heavy_first = main.has_window_right and not batch_inner
+    if dbias_reduce_width is None:
+        dbias_reduce_width = 2 if _problem_sm90(problem) else 1
+    if main.dbias_reduce and problem.bias.shape[-1] % 2:  # the accumulator's rows are not 8-byte aligned
+        dbias_reduce_width = 1
     main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first, dq_walk=walk,
                                dq_warp_turns=main.dq_ordered and warp_turns,
-                               dq_first=main.dq_ordered and main.flavor == "d64").validate()
-    return main, split
+                               dq_first=main.dq_ordered and main.flavor == "d64", batch_inner=batch_inner,
+                               dbias_reduce_width=dbias_reduce_width if main.dbias_reduce else 1)
+    if bias_staged is None:
+        bias_staged = main.bias_dtype == "float32"
+    if bias_staged and dataclasses.replace(main, bias_staged=True).smem_bytes() <= _problem_smem(problem):
+        main = dataclasses.replace(main, bias_staged=True)
+    return main.validate(), split
+
+
+def bias_batch_inner(problem: Problem, main) -> bool:
+    """Whether the main kernel launches sequences fastest (``BwdParams.batch_inner``): for a dbias
+    reduced over the batch, so that the sequences adding into one tile run together and their
+    reductions (and bias reads) meet in L2. Launched key blocks fastest, or heavy-first, they
+    are a batch or a head's worth of CTAs apart (H200, [1, H, S, S] float32 bias: backward
+    1.05-1.3x faster, causal ones too, where it replaces heavy-first; benchmarks/NOTES.md)."""
+    return (main.dbias_reduce and problem.bias.broadcast_batch and problem.batch > 1 and not main.dq_ordered)
 
 
 def ordered_walk(main, key_blocks: int, sms: int) -> str:
@@ -332,6 +383,11 @@ def _unit_stride_vectors(t: Tensors) -> Tensors:
         if x is not None and x.numel() > 1 and x.stride(0) != 1:
             strided[name] = x.contiguous()
     return dataclasses.replace(t, **strided) if strided else t
+
+
+def _pairs_aligned(x: torch.Tensor) -> bool:
+    """Whether every even column of ``x`` starts an 8-byte aligned pair of floats."""
+    return x.data_ptr() % 8 == 0 and all(s % 2 == 0 for s in x.stride()[:-1]) and x.stride(-1) == 1
 
 
 def _vector_aligned(x: torch.Tensor) -> bool:
@@ -525,6 +581,9 @@ class _Sm80BackwardPlan(Plan):
             t = self.rope.rotate(t, workspace)
         if grads.dbias is not None:
             target = scratch.get("dbias_partial", scratch.get("dbias_accum", grads.dbias))
+            if target is grads.dbias and self.params[1].dbias_reduce_width > 1 and not _pairs_aligned(target):
+                # a caller's float32 dbias whose rows the two-float reductions cannot address
+                target = torch.empty(target.shape, dtype=torch.float32, device=target.device)
             if self.params[1].dbias_reduce or not _dbias_covered(p):
                 target.zero_()
             scratch = {**scratch, "dbias_target": target}  # the kept views stay the plan's parts only

@@ -80,7 +80,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import order, recompute, tiles
-from frost.kernels.sm80.bias import ScoreBias, bias_view
+from frost.kernels.sm80.bias import BiasTileCopy, ScoreBias, bias_view, staged_layout
 from frost.kernels.sm80.mask import AttentionMask
 from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, dq_accum_slice, heads_of, launch_extents
 
@@ -98,6 +98,7 @@ ROTATED = P.dq_walk == "rotated"    # ordered dQ: each key block walks its query
 DIAGONAL = P.dq_walk == "diagonal"  # ordered dQ: walks up from its first, turns highest key block first
 TURN_SLOTS = P.dq_turn_slots  # turn counters per query block: one per warp (dq_warp_turns) or per CTA
 HAS_BIAS = P.bias_dtype is not None
+BIAS_STAGED = P.bias_staged  # the bias tile comes through shared memory by cp.async (bias.py)
 
 
 class BwdTensors(NamedTuple):
@@ -165,11 +166,15 @@ def sdpa_bwd(
         sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sdO_layout)], 1024]
         sP: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sPdS_layout)], 1024]
         sdS: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sPdS_layout)], 1024]
+        if const_expr(BIAS_STAGED):
+            sBias: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * TILE_N], 1024]
 
     num_n_blocks, heads_kv, num_batch = launch_extents(mK, mCuSeqlensK, max_seqlen_k, TILE_N, PACKED)
     head_slots = heads_kv * num_splits
     if const_expr(P.heavy_first):
         grid = [head_slots, num_batch, num_n_blocks]
+    elif const_expr(P.batch_inner):
+        grid = [num_batch, num_n_blocks, head_slots]
     else:
         grid = [num_n_blocks, head_slots, num_batch]
     bwd_kernel(
@@ -208,6 +213,11 @@ def bwd_kernel(
         storage.sP.get_tensor(setup.sPdS_layout), storage.sdS.get_tensor(setup.sPdS_layout),
     )
     loads = QdoLoads.create(tidx, setup, mQ, mdO, sQ, sdO, seqlen, batch)
+    sBias, bias_copy = None, None
+    if const_expr(BIAS_STAGED):
+        # (TILE_M, TILE_N) float32: step i+1's tile is copied once every warp has read step i's
+        sBias = storage.sBias.get_tensor(staged_layout(TILE_M, TILE_N))
+        bias_copy = BiasTileCopy.create(tidx, sBias, TILE_M, TILE_N, NUM_THREADS)
     acc_dK = cute.make_rmem_tensor(step.acc_shape_dK, Float32)
     acc_dV = cute.make_rmem_tensor(step.acc_shape_dV, Float32)
     acc_dK.fill(0.0)
@@ -217,7 +227,10 @@ def bwd_kernel(
     load_kv(setup.gmem_tiled_copy_load, tidx, mK, mV, sK, sV, seqlen, batch, head_kv, n_block)
     num_steps = num_m_blocks * heads_per_cta
     if num_steps > 0:
-        loads.issue(*step_coords(0, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks), 0)
+        first_step = step_coords(0, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks)
+        loads.issue(*first_step, 0)
+        if const_expr(BIAS_STAGED):
+            bias_copy.issue(mBias, batch, first_step[0], seqlen, first_step[1], n_block)
     cute.arch.cp_async_commit_group()
 
     for i in cutlass.range(num_steps, unroll=1):
@@ -241,16 +254,24 @@ def bwd_kernel(
             loads.issue(next_head, next_m_block, 1 - stage)
         cute.arch.cp_async_commit_group()
 
-        bias = ScoreBias.create(mBias, batch, head, seqlen, scale_log2, TILE_M, TILE_N) if const_expr(HAS_BIAS) else None
+        bias = None
+        if const_expr(HAS_BIAS):
+            bias = ScoreBias.create(mBias, batch, head, seqlen, scale_log2, TILE_M, TILE_N, sBias)
         acc_P, acc_dS = recompute.probabilities_and_ds(
             step.score_operands(stage), step.acc_shape_S, mask, m_block, n_block, step.tScS, step.t0ScS,
             row_lse2, row_d, scale_log2, bias,
         )
         if const_expr(HAS_BIAS):  # dS is dbias of (batch, head): stored, or reduced over broadcast dims
             bias.write_grad(bias_view(mdBias, batch, head), acc_dS, step.tScS, step.t0ScS, m_block, n_block,
-                            P.dbias_reduce)
+                            P.dbias_reduce, P.dbias_reduce_width)
         step.stash_p_ds(acc_P, acc_dS)
         cute.arch.barrier()  # P, dS complete in shared memory
+        if const_expr(BIAS_STAGED):  # every warp has read this step's bias tile: the next one's goes there
+            if i + 1 < num_steps:
+                next_head, next_m_block = step_coords(i + 1, first_head, heads_per_cta, n_block, m_block_min,
+                                                      m_block_max, num_m_blocks)  # fmt: skip
+                bias_copy.issue(mBias, batch, next_head, seqlen, next_m_block, n_block)
+            cute.arch.cp_async_commit_group()
         if const_expr(not P.dq_first):
             step.accumulate_dv(acc_dV, stage)
         if const_expr(P.reduces_dq):
@@ -526,13 +547,16 @@ def pass_turn(counter, tidx):
 def cta_coords(launch_group: Int32):
     """(key block, head slot, sequence) of this CTA. heavy_first: key blocks are the grid's
     slowest index (under a causal mask the lowest ones see the most query blocks, so the longest
-    CTAs start first and short ones fill the tail). Diagonal walk: launched in groups of heads
-    (order.grouped_launch; ``launch_group`` 0: a head at a time, highest key block first).
-    Otherwise key blocks are the fastest index."""
+    CTAs start first and short ones fill the tail). batch_inner: sequences fastest, then key
+    blocks (a bias broadcast over the batch stays in L2 between its readers). Diagonal walk:
+    launched in groups of heads (order.grouped_launch; ``launch_group`` 0: a head at a time,
+    highest key block first). Otherwise key blocks are the fastest index."""
     x, y, z = cute.arch.block_idx()
     n_block, head_slot, batch = x, y, z
     if const_expr(P.heavy_first):
         head_slot, batch, n_block = x, y, z
+    if const_expr(P.batch_inner):
+        batch, n_block, head_slot = x, y, z
     if const_expr(DIAGONAL):
         num_n, head_slots, num_batch = cute.arch.grid_dim()
         n_block, head = order.grouped_launch(x + num_n * (y + head_slots * z), num_n, head_slots * num_batch,

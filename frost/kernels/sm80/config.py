@@ -274,6 +274,17 @@ class BwdParams(_Tiles):
     # ``dbias_reduce`` reduced (red.global.add.f32) into a float32 accumulator shaped like the bias
     dbias_dtype: str | None = None
     dbias_reduce: bool = False
+    # floats per dbias reduction: 1 (red.global.add.f32) or 2 (a thread's two adjacent columns
+    # in one red.global.add.v2.f32: SM90, and the accumulator's rows 8-byte aligned)
+    dbias_reduce_width: int = 1
+    # the sequence is the grid's fastest index, then the key block, then the head: the CTAs of
+    # one (key block, head) over all sequences run together, so a bias broadcast over the
+    # batch is read, and its dbias reduced, while its tile is in L2 (launched with the key
+    # block fastest, they are a whole batch of CTAs apart)
+    batch_inner: bool = False
+    # a float32 bias tile is copied into shared memory by cp.async a step ahead (sm80/bias.py,
+    # BiasTileCopy) instead of read from global memory where the scores need it
+    bias_staged: bool = False
 
     @property
     def reduces_dq(self) -> bool:
@@ -295,7 +306,7 @@ class BwdParams(_Tiles):
         k_v = self.tile_n * widths
         q_do = 2 * self.tile_m * widths  # Q and dO, two stages each
         p_ds = 2 * self.tile_m * self.tile_n
-        return 2 * (k_v + q_do + p_ds)
+        return 2 * (k_v + q_do + p_ds) + (4 * self.tile_m * self.tile_n if self.bias_staged else 0)
 
     def validate(self) -> "BwdParams":
         bad = _checker(self)
@@ -344,12 +355,18 @@ class BwdParams(_Tiles):
             bad("dbias_dtype must be the bias's dtype (stored as is) or float32 (partials, accumulator)")
         if self.dbias_reduce and (self.deterministic or self.dbias_dtype != "float32"):
             bad("dbias_reduce adds float atomics into a float32 accumulator: not in deterministic mode")
+        if self.dbias_reduce_width not in (1, 2) or (self.dbias_reduce_width > 1 and not self.dbias_reduce):
+            bad("dbias_reduce_width is 1, or 2 with dbias_reduce")
+        if self.bias_staged and self.bias_dtype != "float32":
+            bad("bias_staged copies float32 elements (4-byte cp.async): a float32 bias only")
+        if self.batch_inner and (self.heavy_first or self.dq_ordered):
+            bad("batch_inner is a launch order of its own: not with heavy_first or an ordered dQ walk")
         return self
 
     @property
     def target_arch(self) -> str:
         """The oldest architecture the generated code runs on."""
-        return "sm_90" if self.dq_reduce_width > 1 else "sm_80"
+        return "sm_90" if self.dq_reduce_width > 1 or self.dbias_reduce_width > 1 else "sm_80"
 
 
 def bwd_params_for(

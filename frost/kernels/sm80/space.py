@@ -6,7 +6,7 @@ that changes code: dtype, whether each head dim fills its flavor, layout and
 padding, which window sides are bounded, alignment, sinks, the bias's dtype (and, in the
 backward, whether it broadcasts), deterministic mode,
 and the backward's device and size choices (dQ reduce width 1 on SM80 / 4 on
-SM90, GQA group split or not); for the RoPE pass, dtype, layout, direction and the
+SM90, GQA group split or not, how a bias is read and its dbias reduced); for the RoPE pass, dtype, layout, direction and the
 exact head dim (static there). Sizes, head counts, token totals and window
 values are runtime and do not multiply it.
 
@@ -86,11 +86,13 @@ def admitted_bwd_params() -> list:
         unmasked = not (main.has_window_left or main.has_window_right)
         if (walk == "rotated" and not unmasked) or (walk == "diagonal" and not main.has_window_right):
             continue
-        # the launch order as engines/sm80.backward_choices
-        heavy_first = walk == "shared" if walk is not None else main.has_window_right
-        main = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
-                                   dq_warp_turns=turns, dq_first=walk is not None and main.flavor == "d64").validate()
-        seen[main] = None
+        for bias_way in _bias_ways(main):
+            # the launch order as engines/sm80.backward_choices
+            heavy_first = walk == "shared" if walk is not None else main.has_window_right and not bias_way["batch_inner"]
+            record = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
+                                         dq_warp_turns=turns, dq_first=walk is not None and main.flavor == "d64",
+                                         **bias_way).validate()
+            seen[record] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
                           has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,
                           dq_counters=main.dq_turn_slots)] = None
@@ -98,6 +100,18 @@ def admitted_bwd_params() -> list:
         if split:
             seen[BwdCombineParams.of(main)] = None
     return list(seen)
+
+
+def _bias_ways(main) -> list[dict]:
+    """How the bias reaches the scores and dS reaches dbias, as engines/sm80.backward_choices may
+    choose per device and problem: a float32 bias staged in shared memory or not (the device's
+    room); a reduced dbias with sequences launched fastest or not (a bias broadcast over the
+    batch) and one or two floats per reduction (SM90, an even Sk)."""
+    staged = (False, True) if main.bias_dtype == "float32" else (False,)
+    batch_inner = (False, True) if main.dbias_reduce and not main.dq_ordered else (False,)
+    widths = (1, 2) if main.dbias_reduce else (1,)
+    return [dict(bias_staged=s, batch_inner=b, dbias_reduce_width=w)
+            for s, b, w in itertools.product(staged, batch_inner, widths)]
 
 
 def admitted_rope_params(head_dims=ROPE_HEAD_DIMS) -> list[RopeParams]:

@@ -61,6 +61,9 @@ def test_admitted_chain_covers_every_kernel_and_mode():
         (False, "float32", False), (False, "float32", True), (True, "float16", False), (True, "bfloat16", False),
         (True, "float32", False), (True, "float32", True)}
     assert not any(p.dbias_reduce and p.deterministic for p in mains)
+    assert {(p.bias_staged, p.batch_inner, p.dbias_reduce_width) for p in mains if p.dbias_reduce} == {
+        (s, b, w) for s in (False, True) for b in (False, True) for w in (1, 2)}
+    assert not any(p.bias_staged and p.bias_dtype != "float32" for p in mains)
     assert {p.bias_dtype for p in ALL if isinstance(p, BwdDqParams)} == {None, "float32", "float16", "bfloat16"}
     assert all(p.validate() is p for p in ALL)
     # every new field of every record is compiled in L0 with each of its values
@@ -176,6 +179,46 @@ def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
         dataclasses.replace(main, dq_walk=None).validate()
     with pytest.raises(ValueError, match="dq_walk"):
         Sm80Backward(dq_walk="diagonal")
+
+
+@pytest.mark.L0
+def test_bias_choices_follow_the_bias_and_the_device(monkeypatch):
+    """A float32 bias is staged in shared memory where the device has room; a dbias reduced over
+    the batch launches sequences fastest (in place of heavy-first) with two floats per reduction
+    on SM90 and an even Sk; nothing of it where dbias is stored per element or in order."""
+    from frost.engines import sm80
+    from frost.engines.sm80 import backward_choices
+
+    def main_of(bias_shape, bias_dtype=torch.float32, seqlen=300, **keywords):
+        q = torch.randn(2, seqlen, 4, 64, dtype=torch.bfloat16)
+        bias = torch.randn(*bias_shape[:2], seqlen, seqlen, dtype=bias_dtype)
+        problem = Problem.from_call("backward", q, q, q, o=q, lse=torch.zeros(2, 4, seqlen), do=q, bias=bias,
+                                    **keywords)
+        return backward_choices(problem, heavy_first=None, batch_inner=None, dbias_reduce_width=None,
+                                bias_staged=None)[0]
+
+    over_batch = main_of((1, 4), causal=True)  # off a GPU the device is an H200
+    assert over_batch.batch_inner and not over_batch.heavy_first and over_batch.dbias_reduce_width == 2
+    assert over_batch.bias_staged and over_batch.smem_bytes() > 160 * 1024
+    assert main_of((1, 4), seqlen=255).dbias_reduce_width == 1  # odd rows: 4-byte aligned only
+    over_heads = main_of((2, 1), causal=True)
+    assert over_heads.dbias_reduce and not over_heads.batch_inner and over_heads.heavy_first
+    per_element = main_of((2, 4))
+    assert not per_element.dbias_reduce and not per_element.batch_inner and per_element.dbias_reduce_width == 1
+    assert not main_of((1, 4), bias_dtype=torch.bfloat16).bias_staged
+    ordered = main_of((1, 4), deterministic=True)
+    assert not ordered.batch_inner and ordered.dbias_reduce_width == 1
+    with pytest.raises(ValueError, match="batch_inner"):
+        dataclasses.replace(over_batch, heavy_first=True).validate()
+    # an A100-like device: 163 KB of shared memory, no paired reductions
+    q = torch.randn(2, 300, 4, 64, dtype=torch.bfloat16)
+    problem = dataclasses.replace(Problem.from_call(
+        "backward", q, q, q, o=q, lse=torch.zeros(2, 4, 300), do=q, bias=torch.randn(1, 4, 300, 300)), device="cuda:0")
+    monkeypatch.setattr(sm80, "_compute_capability", lambda device: (8, 0))
+    monkeypatch.setattr(sm80, "_sm_count", lambda device: 108)
+    monkeypatch.setattr(sm80, "_smem_optin", lambda device: 163 * 1024)
+    a100 = backward_choices(problem, heavy_first=None, batch_inner=None, dbias_reduce_width=None, bias_staged=None)[0]
+    assert not a100.bias_staged and a100.dbias_reduce_width == 1 and a100.batch_inner
 
 
 @pytest.mark.L0

@@ -260,6 +260,58 @@ def test_bwd_sm80_bias_matches_oracle(feature, dtype, dims, bias_io, determinist
     _assert_sm80(gpu_cases.bias_case(feature, dtype, dims, bias_io, deterministic=deterministic))
 
 
+BIAS_WAYS = {  # the backward's bias choices the dispatch may not pick for these cases, forced
+    "read_key_inner_w1": dict(bias_staged=False, batch_inner=False, dbias_reduce_width=1),
+    "staged_key_inner_w2": dict(bias_staged=True, batch_inner=False, dbias_reduce_width=2),
+    "read_batch_inner_w1": dict(bias_staged=False, batch_inner=True, heavy_first=False, dbias_reduce_width=1),
+}
+BIAS_WAY_FEATURES = ("bias_11_gqa", "bias_1H_padding_holes", "bias_1H_thd_gqa_causal", "bias_11_mqa_edges")
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("way", list(BIAS_WAYS))
+@pytest.mark.parametrize("feature", BIAS_WAY_FEATURES)
+def test_bwd_sm80_bias_ways_match_oracle(feature, way, monkeypatch):
+    """A float32 bias read from global memory or staged through shared memory, and a dbias
+    reduced over the batch with key blocks or sequences launched fastest, one or two floats per
+    reduction (two need SM90 and an even Sk; an odd one takes one float per reduction)."""
+    from frost.kernels.sm80.config import BwdParams
+
+    forced = BIAS_WAYS[way]
+    if forced["dbias_reduce_width"] > 1 and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("red.global.add.v2.f32 needs an SM90 device")
+    for name, value in forced.items():
+        monkeypatch.setattr(_engine(), name, value)
+    i = BIAS_WAY_FEATURES.index(feature)
+    case = gpu_cases.bias_case(feature, gpu_cases.DTYPES[i % 2], gpu_cases.HEAD_DIMS[i], False)
+    _assert_sm80(case)
+    odd_rows = make_inputs(case).keywords["bias"].shape[-1] % 2  # bias_11_mqa_edges: 255 keys
+    width = 1 if odd_rows else forced["dbias_reduce_width"]
+    assert any(isinstance(key[1], BwdParams) and key[1].bias_staged == forced["bias_staged"]
+               and key[1].batch_inner == forced["batch_inner"] and key[1].dbias_reduce_width == width
+               for key in _bwd_cache_keys())
+
+
+@pytest.mark.L0
+def test_bwd_sm80_dbias_into_rows_the_paired_reductions_cannot_address():
+    """A caller's float32 dbias with an odd row stride: the two-float reductions go to a staging
+    accumulator, then into the caller's tensor; what lies between its rows is never written."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the paired reductions are SM90's")
+    inputs = make_inputs(gpu_cases.bias_case("bias_11_gqa", torch.bfloat16, (64, 64), False))
+    kw = inputs.keywords
+    o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **kw)
+    args = (inputs.do, inputs.q, inputs.k, inputs.v, o, lse)
+    expected = frost.sdpa_backward(*args, **kw).dbias
+    wide = torch.full((*kw["bias"].shape[:-1], kw["bias"].shape[-1] + 1), float("nan"), device="cuda")
+    dbias = wide[..., :-1]
+    grads = frost.sdpa_backward(*args, **kw, out=frost.Grads(*(torch.empty_like(x) for x in args[1:4]), dbias))
+    assert grads.dbias is dbias
+    assert wide[..., -1].isnan().all(), "a reduction landed outside dbias"
+    # the same sums in another order (float atomics): equal to a few ulps of the largest element
+    torch.testing.assert_close(dbias, expected, rtol=0, atol=1e-6 * expected.abs().max().item())
+
+
 @pytest.mark.L0
 @pytest.mark.parametrize("feature", ["bias_11_holes", "bias_1H_causal", "bias_1H_padding_holes"])
 def test_bwd_sm80_bias_recompute_deterministic_matches_oracle(feature, monkeypatch):
