@@ -21,7 +21,8 @@ column); the minimum frost/flash ratio is over the rows it serves.
 
 ``--bias`` times an additive bias instead: a float32 ``[1, H, S, S]`` bias, bf16, 16k tokens,
 hidden 2048, d64 and d128, seqlens 2k and 8k, causal and not; forward and backward (dbias
-included: a reduction over the batch). torch's backends get the same bias as ``attn_mask`` (the
+included: a reduction over the batch; ``frost_no_dbias`` is the backward of a bias that takes no
+gradient, ``bias_grad=False``). torch's backends get the same bias as ``attn_mask`` (the
 efficient backend, and cuDNN where it serves it, take it only in the io dtype, so they get it
 rounded to bf16, with the causal mask folded in as -inf since torch takes no ``is_causal`` beside
 a mask; the mask requires grad in the backward); the ratio column is frost / efficient.
@@ -366,6 +367,9 @@ def bias_rows(d, s, causal, reps_ms: int, variants: bool = False) -> list[dict]:
             det = lambda: frost.sdpa_backward(do, q, k, v, o, lse, causal=causal, bias=bias,  # noqa: E731
                                               deterministic=True, out=grads)
             row["frost_det"] = work / _bench(det, reps_ms) / 1e9
+            fixed = lambda: frost.sdpa_backward(do, q, k, v, o, lse, causal=causal, bias=bias,  # noqa: E731
+                                                bias_grad=False, out=grads._replace(dbias=None))
+            row["frost_no_dbias"] = work / _bench(fixed, reps_ms) / 1e9  # a bias that takes no gradient
             if variants:
                 problem, tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, causal=causal, bias=bias)
                 for name, choice in BIAS_VARIANTS.items():
@@ -396,7 +400,8 @@ def bias_rows(d, s, causal, reps_ms: int, variants: bool = False) -> list[dict]:
 
 
 def print_bias_table(rows: list[dict]) -> None:
-    cols = ["direction", "B", "S", "Hq", "d", "causal", "frost", "frost_det", *[c for c in BIAS_VARIANTS if any(c in r for r in rows)],
+    cols = ["direction", "B", "S", "Hq", "d", "causal", "frost", "frost_det", "frost_no_dbias",
+            *[c for c in BIAS_VARIANTS if any(c in r for r in rows)],
             "cudnn", "efficient", "frost/efficient"]
     print("| " + " | ".join(cols) + " | notes |")
     print("|" + "---|" * (len(cols) + 1))

@@ -63,16 +63,19 @@ def sdpa_backward(
     cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
     bias: Tensor | None = None, sinks: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
-    deterministic: bool = False, engine: str | None = None, out: Grads | None = None,
+    deterministic: bool = False, engine: str | None = None, out: Grads | None = None, bias_grad: bool = True,
 ) -> Grads:  # fmt: skip
     """Attention backward: ``Grads(dq, dk, dv, dbias, dsinks)``, None where absent.
 
-    ``out=Grads(...)`` writes into preallocated tensors (dbias iff bias, dsinks iff sinks).
+    ``bias_grad=False`` computes no dbias (None): for a bias that takes no gradient, such as
+    a fixed mask, it saves dbias's work and memory. ``out=Grads(...)`` writes into
+    preallocated tensors (dbias iff bias and bias_grad, dsinks iff sinks).
     """
     rope_cos, rope_sin = split_rope(rope)
     tensors = Tensors(q, k, v, o, lse, do, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k,
                       bias, sinks, rope_cos, rope_sin)  # fmt: skip
-    options = Options(scale, causal, causal_align, split_window(window), max_seqlen_q, max_seqlen_k, deterministic)
+    options = Options(scale, causal, causal_align, split_window(window), max_seqlen_q, max_seqlen_k, deterministic,
+                      bias_grad)
     return serve("backward", tensors, options, engine, out)
 
 

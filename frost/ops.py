@@ -57,7 +57,7 @@ class Settings(NamedTuple):
     """The static keywords of one ``attention`` call, as given: each direction's Options."""
 
     forward: Options
-    backward: Options  # the same, with deterministic
+    backward: Options  # the same, with deterministic and bias_grad
     engine: str | None
 
 
@@ -68,13 +68,14 @@ _settings_lock = threading.Lock()
 
 @torch.compiler.assume_constant_result
 def settings_id(scale, causal, causal_align, window_left, window_right, max_seqlen_q, max_seqlen_k,
-                deterministic, engine) -> int:  # fmt: skip
+                deterministic, engine, bias_grad=True) -> int:  # fmt: skip
     """The side-table index of these settings (the ops' ``settings`` argument), added if new.
 
     Raises TypeError for an unhashable value (no valid call has one; ``attention``
     then lets validation name it).
     """
-    key = (scale, causal, causal_align, window_left, window_right, max_seqlen_q, max_seqlen_k, deterministic, engine)
+    key = (scale, causal, causal_align, window_left, window_right, max_seqlen_q, max_seqlen_k, deterministic, engine,
+           bias_grad)  # fmt: skip
     # type-tagged: 1 and True hash alike, and validation accepts only one of them
     key = tuple((type(value), value) for value in key)
     index = _settings_index.get(key)
@@ -85,7 +86,8 @@ def settings_id(scale, causal, causal_align, window_left, window_right, max_seql
         index = _settings_index.get(key)
         if index is None:
             index = len(_settings)
-            _settings.append(Settings(forward, forward._replace(deterministic=deterministic), engine))
+            _settings.append(Settings(forward, forward._replace(deterministic=deterministic, bias_grad=bias_grad),
+                                      engine))
             _settings_index[key] = index
     return index
 
@@ -132,7 +134,8 @@ def _backward_fake(do, q, k, v, o, lse, bias, sinks, *rest):
     def grad_of(x):
         return q.new_empty(0, dtype=torch.float32) if x is None else x.new_empty(x.shape)
 
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_of(bias), grad_of(sinks)
+    dbias = grad_of(bias if _settings[rest[-1]].backward.bias_grad else None)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, grad_of(sinks)
 
 
 _NO_DOUBLE_BACKWARD = "frost::sdpa_backward: has no autograd formula (double backward is not supported)"
@@ -202,7 +205,8 @@ class _Attention(torch.autograd.Function):
                                                       settings.engine)  # fmt: skip
             return None, grads.dq, grads.dk, grads.dv, grads.dbias, grads.dsinks, None
         dq, dk, dv, dbias, dsinks = _BACKWARD(grad_o, q, k, v, o, lse, bias, sinks, *optional, ctx.settings)
-        return None, dq, dk, dv, dbias if bias is not None else None, dsinks if sinks is not None else None, None
+        dbias = dbias if bias is not None and _settings[ctx.settings].backward.bias_grad else None
+        return None, dq, dk, dv, dbias, dsinks if sinks is not None else None, None
 
 
 def _forward_autograd(q, k, v, bias, sinks, *rest):
@@ -259,7 +263,8 @@ def attention(
     bias: Tensor | None = None, sinks: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
     deterministic: bool = False, engine: str | None = None,
 ) -> Tensor:  # fmt: skip
-    """Differentiable attention: ``o``. Gradients flow to q, k, v, bias and sinks.
+    """Differentiable attention: ``o``. Gradients flow to q, k, v, bias and sinks (a bias that
+    does not require grad gets none computed: no dbias work in the backward).
 
     Keywords as ``frost.sdpa_forward``; ``deterministic`` applies to its backward, and
     ``engine`` names an engine family and forces both directions. Works under
@@ -270,7 +275,7 @@ def attention(
     rope_cos, rope_sin = split_rope(rope)
     try:
         settings = settings_id(scale, causal, causal_align, window_left, window_right, max_seqlen_q, max_seqlen_k,
-                               deterministic, engine)  # fmt: skip
+                               deterministic, engine, not isinstance(bias, Tensor) or bias.requires_grad)  # fmt: skip
     except TypeError:  # an unhashable keyword, which no valid call has: let validation name it
         api.route(
             q, k, v, scale=scale, causal=causal, causal_align=causal_align, window=window,

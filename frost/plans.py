@@ -124,7 +124,7 @@ class PlanCache:
                 self._hits += 1
                 tensors = fill_seqlens(served.problem, tensors)
                 if out is not None:
-                    out = validation.check_out(direction, out, tensors)
+                    out = validation.check_out(direction, out, tensors, options.bias_grad)
                 return served, tensors, out, True
         self._misses += 1
         lengths = [n for n in ("cu_seqlens_q", "seqlens_q", "seqlens_k") if getattr(tensors, n) is not None]
@@ -133,7 +133,7 @@ class PlanCache:
                              "outside the capture with the same arguments (its plan, and the checks of its "
                              "sequence lengths, are made then)")
         problem, tensors, extents = prepare_records(direction, tensors, options)
-        out = validation.check_out(direction, out, tensors)
+        out = validation.check_out(direction, out, tensors, options.bias_grad)
         served = dispatch.select(problem, engine=engine)
         if key is not None:
             self._keep(key, direction, extents, served)

@@ -66,6 +66,7 @@ class BiasSpec:
     shape: tuple[int, int, int, int]
     dtype: torch.dtype
     unit_last_stride: bool = True  # whether keys are adjacent in memory (what the SM80 kernels read)
+    grad: bool = True  # backward: whether its gradient is wanted (``bias_grad``; False: dbias is None)
 
     @property
     def broadcast_batch(self) -> bool:
@@ -221,6 +222,7 @@ def prepare(
     sinks=None,
     rope=None,
     deterministic=False,
+    bias_grad=True,
 ) -> tuple[Problem, Tensors]:
     """Validate one call and build its (Problem, Tensors). Raises ValueError on bad input."""
     if direction not in DIRECTIONS:
@@ -234,7 +236,7 @@ def prepare(
     )  # fmt: skip
     options = Options(
         scale=scale, causal=causal, causal_align=causal_align, window=split_window(window),
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, deterministic=deterministic,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, deterministic=deterministic, bias_grad=bias_grad,
     )  # fmt: skip
     problem, tensors, _ = prepare_records(direction, tensors, options)
     return problem, tensors
@@ -288,8 +290,8 @@ def _build(direction: str, t: Tensors, options: Options, extents: validation.Ext
         window_left=window_left,
         window_right=window_right,
         has_seqlens=t.seqlens_q is not None or t.seqlens_k is not None,
-        bias=BiasSpec(tuple(t.bias.shape), t.bias.dtype, t.bias.shape[-1] <= 1 or t.bias.stride(-1) == 1)
-        if t.bias is not None else None,
+        bias=BiasSpec(tuple(t.bias.shape), t.bias.dtype, t.bias.shape[-1] <= 1 or t.bias.stride(-1) == 1,
+                      grad=bool(options.bias_grad)) if t.bias is not None else None,
         has_sinks=t.sinks is not None,
         has_rope=t.rope_cos is not None,
         deterministic=bool(options.deterministic),

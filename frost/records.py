@@ -65,3 +65,4 @@ class Options(NamedTuple):
     max_seqlen_q: int | None = None
     max_seqlen_k: int | None = None
     deterministic: bool = False
+    bias_grad: bool = True  # backward: whether dbias is computed (False: dbias None, its work skipped)

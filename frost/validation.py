@@ -57,12 +57,12 @@ def validate(direction: str, t: Tensors, options: Options) -> Extents:
     return extents
 
 
-def check_out(direction: str, out, tensors: Tensors):
+def check_out(direction: str, out, tensors: Tensors, bias_grad: bool = True):
     """Check preallocated outputs (``out=``) against the call's tensors; return them normalized.
 
     Forward: ``(o, lse)``. Backward: ``Grads`` (or a 5-tuple) of dq, dk, dv, dbias,
-    dsinks, with dbias given iff bias is and dsinks iff sinks is. The call itself must
-    have passed ``validate``.
+    dsinks, with dbias given iff bias is (and ``bias_grad``) and dsinks iff sinks is. The
+    call itself must have passed ``validate``.
     """
     if out is None:
         return None
@@ -83,7 +83,10 @@ def check_out(direction: str, out, tensors: Tensors):
     _check_out_tensor("out.dq", grads.dq, tuple(q.shape), dtype, device)
     _check_out_tensor("out.dk", grads.dk, tuple(tensors.k.shape), dtype, device)
     _check_out_tensor("out.dv", grads.dv, tuple(v.shape), dtype, device)
-    for name, source, grad in (("dbias", tensors.bias, grads.dbias), ("dsinks", tensors.sinks, grads.dsinks)):
+    if not bias_grad and grads.dbias is not None:
+        raise ValueError("out.dbias: must be None when bias_grad=False (no dbias is computed)")
+    wanted_bias = tensors.bias if bias_grad else None
+    for name, source, grad in (("dbias", wanted_bias, grads.dbias), ("dsinks", tensors.sinks, grads.dsinks)):
         if source is None and grad is not None:
             raise ValueError(f"out.{name}: must be None when {name[1:]} is not given")
         if source is not None:
@@ -403,6 +406,10 @@ def _check_options(options: Options, direction: str) -> None:
         raise ValueError(f"deterministic: expected a bool, got {options.deterministic!r}")
     if options.deterministic and direction != "backward":
         raise ValueError("deterministic: only the backward takes it")
+    if not isinstance(options.bias_grad, bool):
+        raise ValueError(f"bias_grad: expected a bool, got {options.bias_grad!r}")
+    if not options.bias_grad and direction != "backward":
+        raise ValueError("bias_grad: only the backward takes it")
 
 
 def _check_bias(t: Tensors, extents: Extents) -> None:

@@ -305,7 +305,7 @@ class _UnfusedBackwardPlan(Plan):
         # and dsinks are copied whole from their accumulators
         grads = out if out is not None else allocate_backward(problem, t, zero=problem.layout == "thd")
         # dbias and dsinks sum over sequences: accumulate in fp32, cast once.
-        dbias = None if t.bias is None else torch.zeros(t.bias.shape, dtype=torch.float32, device=t.bias.device)
+        dbias = None if grads.dbias is None else torch.zeros(t.bias.shape, dtype=torch.float32, device=t.bias.device)
         dsinks = None if t.sinks is None else torch.zeros_like(t.sinks)
         for rows_q, rows_k, bias_index, block in _blocks(problem, t):
             if rows_q is None:

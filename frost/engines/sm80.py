@@ -278,6 +278,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
         window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
         deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_ordered=ordered_dq,
         bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
+        bias_grad=problem.bias is None or problem.bias.grad,
     )
     if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
         main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)

@@ -224,8 +224,12 @@ def active() -> tuple[RecordClass, ...]:
 _MODES = (("forward", False), ("backward", False), ("backward", True))  # (direction, deterministic)
 
 
-# a grid of a few CTAs (a GQA group is split over CTAs) and one of thousands (it is not)
-_GRIDS = (1, 4096)
+# a grid of a few CTAs (a GQA group is split over CTAs; two sequences, so a bias can broadcast
+# over the batch) and one of thousands (it is not)
+_GRIDS = (2, 4096)
+# (broadcast, odd number of keys) of a bias: the backward reduces dbias over broadcast dims, with the
+# sequences launched fastest over the batch, two floats per reduction where Sk is even
+_BIAS_SHAPES = ((None, False), ("heads", False), ("heads", True), ("batch", False), ("batch", True))
 
 
 def records(classes: Iterable[RecordClass]) -> list:
@@ -234,9 +238,9 @@ def records(classes: Iterable[RecordClass]) -> list:
     found: dict = {}
     for cls in classes:
         for variant, modes in closure(cls):
-            shapes = itertools.product(_GRIDS, (False, True) if variant.bias else (False,))
-            for (direction, deterministic), (batch, broadcast) in itertools.product(modes, shapes):
-                problem = representative(variant, direction, deterministic, batch, broadcast)
+            shapes = itertools.product(_GRIDS, _BIAS_SHAPES if variant.bias else (_BIAS_SHAPES[0],))
+            for (direction, deterministic), (batch, (broadcast, odd_keys)) in itertools.product(modes, shapes):
+                problem = representative(variant, direction, deterministic, batch, broadcast, odd_keys)
                 for engine in dispatch.engines(direction):
                     found.update(dict.fromkeys(engine.records(problem)))
     return list(found)
@@ -265,20 +269,24 @@ def closure(cls: RecordClass) -> list[tuple[RecordClass, tuple]]:
 
 
 def representative(cls: RecordClass, direction: str, deterministic: bool, batch: int = 1,
-                   broadcast: bool = False) -> Problem:
+                   broadcast: str | None = None, odd_keys: bool = False) -> Problem:
     """A Problem of ``cls``, for the engines' lowering only (nothing runs; the device is the CPU,
     so that no CUDA is needed, and the backward's GQA split counts an H200's SMs); ``batch``
-    sets the grid's size, ``broadcast`` gives the bias size 1 over the (8) query heads."""
+    sets the grid's size, ``broadcast`` ("heads" or "batch") gives the bias size 1 over the (8)
+    query heads or the batch, ``odd_keys`` an odd number of keys (how dbias is reduced)."""
     head_dim_qk = cls.rope or max(cls.head_dims_qk())
     head_dim_v = max(v for v in cls.head_dims()[1] if cls.admits_head_dims(head_dim_qk, v))
     seqlen = 256
+    bias_shape = (1 if broadcast == "batch" else batch, 1 if broadcast == "heads" else 8, seqlen,
+                  seqlen + 64 + odd_keys)
     return Problem(
         direction=direction, layout="thd" if cls.layout == "thd" else "bshd", dtype=cls.torch_dtype, device="cpu",
-        batch=batch, seqlen_q=seqlen, seqlen_k=seqlen + 64, total_q=batch * seqlen if cls.layout == "thd" else None,
-        total_k=batch * (seqlen + 64) if cls.layout == "thd" else None, heads_q=8, heads_kv=2 if cls.grouped else 8,
+        batch=batch, seqlen_q=seqlen, seqlen_k=seqlen + 64 + odd_keys,
+        total_q=batch * seqlen if cls.layout == "thd" else None,
+        total_k=batch * (seqlen + 64 + odd_keys) if cls.layout == "thd" else None, heads_q=8, heads_kv=2 if cls.grouped else 8,
         head_dim_qk=head_dim_qk, head_dim_v=head_dim_v, scale=0.125, causal=cls.right,
         causal_align="bottom_right" if cls.bottom_right else "top_left", window_left=16 if cls.left else -1,
         window_right=0 if cls.right else -1, has_seqlens=cls.layout == "padded", has_sinks=cls.sinks,
-        bias=BiasSpec((batch, 1 if broadcast else 8, seqlen, seqlen + 64), cls.bias_dtype) if cls.bias else None,
+        bias=BiasSpec(bias_shape, cls.bias_dtype) if cls.bias else None,
         has_rope=cls.rope is not None, deterministic=deterministic, strided=False, vector_aligned=True,
     )  # fmt: skip

@@ -332,3 +332,44 @@ def test_meta_tensors_get_shapes_forward_and_backward():
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape] and all(g.is_meta for g in grads)
     assert not ledger.since(mark)  # no engine ran
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_bias_that_takes_no_gradient_gets_none_computed(compiled, device):
+    """``attention`` makes dbias only for a bias that requires grad (a fixed mask given as a bias
+    costs no dbias work); ``sdpa_backward(bias_grad=False)`` returns dbias None, with dq, dk and
+    dv bit for bit those of the full backward (deterministic mode: on the GPU the main kernel
+    then differs only in the dbias it leaves out)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    case = Case(bias="1H", heads_q=4, heads_kv=2, causal=True, seqlen_q=70, seqlen_k=70, head_dim_qk=64,
+                head_dim_v=64, device=device)
+    inputs = make_inputs(case)
+    keywords = dict(inputs.keywords, deterministic=True)
+    bias = keywords.pop("bias")
+    o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, bias=bias, **{**keywords, "deterministic": False})
+    args = (inputs.do, inputs.q, inputs.k, inputs.v, o, lse)
+    full = frost.sdpa_backward(*args, bias=bias, **keywords)
+    lean = frost.sdpa_backward(*args, bias=bias, bias_grad=False, **keywords)
+    assert full.dbias is not None and lean.dbias is None
+    assert all(torch.equal(a, b) for a, b in zip(full[:3], lean[:3]))
+    with pytest.raises(ValueError, match="out.dbias"):
+        frost.sdpa_backward(*args, bias=bias, bias_grad=False, **keywords,
+                            out=frost.Grads(*(torch.empty_like(x) for x in args[1:4]), torch.empty_like(bias)))
+    with pytest.raises(ValueError, match="bias_grad"):
+        frost.sdpa_backward(*args, bias=bias, bias_grad="no", **keywords)
+    if device == "cuda":
+        from frost.kernels.sm80.compile import BWD_CACHE
+
+        assert any(getattr(key[1], "bias_dtype", None) and key[1].dbias_dtype is None for key in BWD_CACHE.keys())
+    attention = torch.compile(frost.attention, fullgraph=True) if compiled else frost.attention
+    q, k, v = (x.detach().clone().requires_grad_() for x in (inputs.q, inputs.k, inputs.v))
+    fixed = bias.clone()
+    attention(q, k, v, bias=fixed, **keywords).backward(inputs.do)
+    assert fixed.grad is None
+    assert all(torch.equal(g, w) for g, w in zip((q.grad, k.grad, v.grad), full[:3]))
+    learned = bias.clone().requires_grad_()
+    attention(q.detach(), k.detach(), v.detach(), bias=learned, **keywords).backward(inputs.do)
+    assert torch.equal(learned.grad, full.dbias)

@@ -6,10 +6,17 @@ in-sequence positions), and ``dbias = dS`` summed over the broadcast dimensions.
 
 Reading. A (batch, head) view clamps each index to the bias's extent (``min(b, B_bias - 1)``),
 so a size-1 dimension broadcasts without a zero-stride tensor and one artifact serves every
-broadcast shape. Each thread reads the elements of its score accumulator straight from global
-memory (scalar loads: a row's stride has no alignment to build vectors on), at the coordinates
-of the identity tensor partitioned like the accumulator, as the mask does, and only inside the
+broadcast shape. Each thread takes the elements of its score accumulator at the coordinates of
+the identity tensor partitioned like the accumulator, as the mask does, and only inside the
 valid region (i < Sq_b, j < Sk_b): padded positions are never read, so NaN there changes nothing.
+The forward and ``bwd_dq`` read them straight from global memory (scalar loads: a row's stride
+has no alignment to build vectors on). The main backward kernel, for a float32 bias where the
+device has the shared memory (``BwdParams.bias_staged``), copies the tile by 4-byte cp.async into
+shared memory (``BiasTileCopy``), step i+1's as soon as every warp has read step i's, so the
+loads run under four of the step's five products; read where the scores need them they were
+synchronous and cost half the step (H200: [1, H, S, S] bias, d64, 8.2 ms against 4.2 without
+the loads). A 16-bit bias keeps the direct loads (cp.async moves 4 bytes at least, and pairs of
+keys are not 4-byte aligned in general).
 
 Units. The softmax works in log2 units with the scale folded into its exp2 argument
 (softmax.py, recompute.py). With a bias the scores are brought into those units here,
@@ -29,7 +36,11 @@ CTA visits each such tile (a CTA walks the query heads of its GQA share one afte
   output (bitwise reproducible in either mode);
 - broadcast, default mode: ``red.global.add.f32`` into a float32 accumulator shaped like the
   bias (the dbias output itself for a float32 bias, else the plan's workspace, converted to
-  the bias dtype afterwards); one scalar reduction per valid score element;
+  the bias dtype afterwards); one reduction per valid score element, or per pair of adjacent
+  keys (``red.global.add.v2.f32``, SM90, ``BwdParams.dbias_reduce_width``: the plan gives it
+  an accumulator with 8-byte aligned rows). Over the batch the sequences that add into one tile
+  are launched side by side (``BwdParams.batch_inner``), so the tile is in L2 for all of them;
+  launched key blocks first they were a batch of CTAs apart, and each reduction went to DRAM;
 - broadcast, deterministic mode: float32 partials ``[B, Hq, Sq, Sk]`` in the workspace, each
   element stored once, then summed over the broadcast dimensions by torch in a fixed order
   (bitwise reproducible, no float atomics). Workspace: ``4 * B * Hq * Sq * Sk`` bytes (for a

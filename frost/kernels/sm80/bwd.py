@@ -15,8 +15,9 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
     wait Q[h,m], dO[h,m]; barrier
     issue Q, dO of the next step    into the other stage buffer
     S, P, dP, dS                    mma (sdp layout); masked only where needed; bias added
-    dS -> dbias                     with a bias: stored or reduced per element (bias.py)
+    dS -> dbias                     a bias's gradient: stored or reduced per element (bias.py)
     P, dS -> shared (io dtype); barrier
+    bias of the next step -> shared  cp.async (a float32 bias, bias_staged: bias.py)
     dV += P^T.dO                    mma (dkv layout, operands via ldmatrix.trans)
     dQ = dS.K -> reductions         (deterministic mode: only ordered, below)
     dK += dS^T.Q                    issued after the dQ reductions, which drain under it
@@ -98,6 +99,7 @@ ROTATED = P.dq_walk == "rotated"    # ordered dQ: each key block walks its query
 DIAGONAL = P.dq_walk == "diagonal"  # ordered dQ: walks up from its first, turns highest key block first
 TURN_SLOTS = P.dq_turn_slots  # turn counters per query block: one per warp (dq_warp_turns) or per CTA
 HAS_BIAS = P.bias_dtype is not None
+HAS_DBIAS = P.dbias_dtype is not None  # a bias whose gradient is wanted
 BIAS_STAGED = P.bias_staged  # the bias tile comes through shared memory by cp.async (bias.py)
 
 
@@ -261,7 +263,7 @@ def bwd_kernel(
             step.score_operands(stage), step.acc_shape_S, mask, m_block, n_block, step.tScS, step.t0ScS,
             row_lse2, row_d, scale_log2, bias,
         )
-        if const_expr(HAS_BIAS):  # dS is dbias of (batch, head): stored, or reduced over broadcast dims
+        if const_expr(HAS_DBIAS):  # dS is dbias of (batch, head): stored, or reduced over broadcast dims
             bias.write_grad(bias_view(mdBias, batch, head), acc_dS, step.tScS, step.t0ScS, m_block, n_block,
                             P.dbias_reduce, P.dbias_reduce_width)
         step.stash_p_ds(acc_P, acc_dS)

@@ -271,7 +271,8 @@ class BwdParams(_Tiles):
     bias_dtype: str | None = None   # an additive bias read by the recompute of P; None: none
     # where dS goes as dbias: stored per element in this dtype (the bias's own without broadcast;
     # float32 per-(batch, head) partials for a broadcast bias in deterministic mode), or with
-    # ``dbias_reduce`` reduced (red.global.add.f32) into a float32 accumulator shaped like the bias
+    # ``dbias_reduce`` reduced (red.global.add.f32) into a float32 accumulator shaped like the bias;
+    # None: no bias, or one whose gradient is not wanted (``bias_grad=False``)
     dbias_dtype: str | None = None
     dbias_reduce: bool = False
     # floats per dbias reduction: 1 (red.global.add.f32) or 2 (a thread's two adjacent columns
@@ -349,8 +350,8 @@ class BwdParams(_Tiles):
         if self.smem_bytes() > SMEM_BYTES_MAX:
             bad(f"shared memory {self.smem_bytes()} B exceeds {SMEM_BYTES_MAX} B")
         _check_bias_dtype(self, bad)
-        if (self.bias_dtype is None) != (self.dbias_dtype is None):
-            bad("bias_dtype and dbias_dtype are set together (a bias has a gradient)")
+        if self.dbias_dtype is not None and self.bias_dtype is None:
+            bad("dbias_dtype needs a bias (bias_dtype)")
         if self.dbias_dtype not in (None, "float32", self.bias_dtype):
             bad("dbias_dtype must be the bias's dtype (stored as is) or float32 (partials, accumulator)")
         if self.dbias_reduce and (self.deterministic or self.dbias_dtype != "float32"):
@@ -373,12 +374,13 @@ def bwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
     split_group: bool = False, dq_ordered: bool = False, bias_dtype: str | None = None,
-    bias_broadcast: bool = False,
+    bias_broadcast: bool = False, bias_grad: bool = True,
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``
     and ``split_group`` are the engine's choices per device and per problem size
     (frost/engines/sm80.py). ``bias_broadcast``: the bias has size 1 where the problem has
-    several batches or heads, so dbias sums over them (sm80/bias.py says how)."""
+    several batches or heads, so dbias sums over them (sm80/bias.py says how); ``bias_grad``
+    False: no dbias is made."""
     flavor = flavor_for(head_dim_qk, head_dim_v)
     if flavor is None:
         raise ValueError(f"no flavor covers head dims {head_dim_qk}/{head_dim_v}")
@@ -394,16 +396,19 @@ def bwd_params_for(
         dq_reduce_width=dq_reduce_width if not deterministic or dq_ordered else 1, split_group=split_group,
         dq_ordered=deterministic and dq_ordered, heavy_first=deterministic and dq_ordered,
         dq_walk="shared" if deterministic and dq_ordered else None,
-        **dbias_fields(bias_dtype, bias_broadcast, deterministic),
+        **dbias_fields(bias_dtype, bias_broadcast, deterministic, bias_grad),
     ).validate()
 
 
-def dbias_fields(bias_dtype: str | None, broadcast: bool, deterministic: bool) -> dict:
+def dbias_fields(bias_dtype: str | None, broadcast: bool, deterministic: bool, grad: bool = True) -> dict:
     """BwdParams' bias fields (sm80/bias.py): without broadcast dS is dbias, stored once per
     element in the bias's dtype; broadcast, float32 partials per (batch, head) summed in a fixed
-    order afterwards (deterministic) or reductions into a float32 accumulator."""
+    order afterwards (deterministic) or reductions into a float32 accumulator; no dbias at all
+    when its gradient is not wanted."""
     if bias_dtype is None:
         return {}
+    if not grad:
+        return dict(bias_dtype=bias_dtype)
     if not broadcast:
         return dict(bias_dtype=bias_dtype, dbias_dtype=bias_dtype)
     return dict(bias_dtype=bias_dtype, dbias_dtype="float32", dbias_reduce=not deterministic)

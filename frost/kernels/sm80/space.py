@@ -72,7 +72,9 @@ def admitted_bwd_params() -> list:
     # det, width, walk (ordered dQ), warp turns; each walk only where engines/sm80.ordered_walk takes it
     ordered = tuple((True, width, walk, turns) for width in (1, 4) for walk in DQ_WALKS for turns in (False, True))
     modes = ((False, 1, None, False), (False, 4, None, False), (True, 1, None, False), *ordered)
-    biases = ((None, False), ("float32", False), ("float32", True), ("io", False), ("io", True))  # (dtype, broadcast)
+    # (dtype, broadcast, gradient wanted); without a gradient the broadcast changes no code
+    biases = ((None, False, True), ("float32", False, True), ("float32", True, True), ("io", False, True),
+              ("io", True, True), ("float32", False, False), ("io", False, False))
     for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, walk, turns), split, bias in (
         itertools.product(("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(),
                           (False, True), (False, True), modes, (False, True), biases)
@@ -81,7 +83,7 @@ def admitted_bwd_params() -> list:
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
             dq_reduce_width=width, dq_ordered=walk is not None, bias_dtype=_bias_dtype(bias[0], dtype),
-            bias_broadcast=bias[1],
+            bias_broadcast=bias[1], bias_grad=bias[2],
         )
         unmasked = not (main.has_window_left or main.has_window_right)
         if (walk == "rotated" and not unmasked) or (walk == "diagonal" and not main.has_window_right):

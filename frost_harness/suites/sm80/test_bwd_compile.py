@@ -59,7 +59,7 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     # a bias in each dtype; dbias stored in it, as fp32 partials, or reduced into fp32
     assert {(p.bias_dtype == p.dtype, p.dbias_dtype, p.dbias_reduce) for p in mains if p.bias_dtype} == {
         (False, "float32", False), (False, "float32", True), (True, "float16", False), (True, "bfloat16", False),
-        (True, "float32", False), (True, "float32", True)}
+        (True, "float32", False), (True, "float32", True), (False, None, False), (True, None, False)}  # None: bias_grad=False
     assert not any(p.dbias_reduce and p.deterministic for p in mains)
     assert {(p.bias_staged, p.batch_inner, p.dbias_reduce_width) for p in mains if p.dbias_reduce} == {
         (s, b, w) for s in (False, True) for b in (False, True) for w in (1, 2)}
@@ -210,6 +210,16 @@ def test_bias_choices_follow_the_bias_and_the_device(monkeypatch):
     assert not ordered.batch_inner and ordered.dbias_reduce_width == 1
     with pytest.raises(ValueError, match="batch_inner"):
         dataclasses.replace(over_batch, heavy_first=True).validate()
+    # a bias whose gradient is not wanted (bias_grad=False): read, no dbias, no dbias workspace
+    for deterministic in (False, True):
+        no_grad = main_of((1, 4), bias_grad=False, deterministic=deterministic)
+        assert no_grad.bias_dtype == "float32" and no_grad.dbias_dtype is None and not no_grad.batch_inner
+        q = torch.randn(2, 300, 4, 64, dtype=torch.bfloat16)
+        problem = Problem.from_call("backward", q, q, q, o=q, lse=torch.zeros(2, 4, 300), do=q,
+                                    bias=torch.randn(1, 4, 300, 300), bias_grad=False, deterministic=deterministic)
+        (pre, main, *_), splits = Sm80Backward()._chain(problem)
+        assert main.bias_dtype == "float32" and main.dbias_dtype is None and not {"dbias_partial", "dbias_accum"} & {
+            name for name, _ in sm80._Workspace(problem, splits, pre, main).parts}
     # an A100-like device: 163 KB of shared memory, no paired reductions
     q = torch.randn(2, 300, 4, 64, dtype=torch.bfloat16)
     problem = dataclasses.replace(Problem.from_call(
@@ -318,13 +328,17 @@ def test_workspace_carves_disjoint_typed_views_at_the_buffer_offset():
 
 @pytest.mark.L0
 @pytest.mark.parametrize("change, rule", [
-    (dict(bias_dtype="float32"), "set together"),
+    (dict(dbias_dtype="float32"), "needs a bias"),
     (dict(bias_dtype="float32", dbias_dtype="float16"), "dbias_dtype must be"),
     (dict(bias_dtype="float32", dbias_dtype="float32", dbias_reduce=True, deterministic=True), "dbias_reduce"),
+    (dict(bias_dtype="float32", dbias_dtype="float32", dbias_reduce_width=2), "dbias_reduce_width"),
+    (dict(bias_dtype="bfloat16", bias_staged=True), "bias_staged"),
+    (dict(batch_inner=True, heavy_first=True), "batch_inner"),
 ])
 def test_invalid_bias_fields_name_the_rule(change, rule):
     main = next(p for p in SUBSET if isinstance(p, BwdParams) and p.dtype == "bfloat16" and not p.dq_ordered)
-    plain = dataclasses.replace(main, bias_dtype=None, dbias_dtype=None, dbias_reduce=False).validate()
+    plain = dataclasses.replace(main, bias_dtype=None, dbias_dtype=None, dbias_reduce=False, dbias_reduce_width=1,
+                                bias_staged=False, batch_inner=False, heavy_first=False).validate()
     with pytest.raises(ValueError, match=rule):
         dataclasses.replace(plain, **change).validate()
 
