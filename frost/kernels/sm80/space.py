@@ -4,11 +4,11 @@ Enumerated through the engines' own lowering (``fwd_params_for``,
 ``backward_choices``, the backward plan's derived records and ``rope_params_for``) over every fact
 that changes code: dtype, whether each head dim fills its flavor, layout and
 padding, which window sides are bounded, alignment, sinks, the bias's dtype (and, in the
-backward, whether it broadcasts), deterministic mode,
+backward, whether it broadcasts and whether its gradient is wanted), deterministic mode,
 and the backward's device and size choices (dQ reduce width 1 on SM80 / 4 on
-SM90, GQA group split or not, how a bias is read and its dbias reduced); for the RoPE pass, dtype, layout, direction and the
-exact head dim (static there). Sizes, head counts, token totals and window
-values are runtime and do not multiply it.
+SM90, GQA group split or not, how a bias is read and its dbias reduced); for the RoPE pass,
+dtype, layout, direction and the exact head dim (static there). Sizes, head counts, token
+totals and window values are runtime and do not multiply it.
 
 ``l0_records`` (the pairwise-covering subsets the L0 compile tests build) and
 ``all_records`` are what ``frost-compile --records L0|all`` fills the disk cache
@@ -90,7 +90,8 @@ def admitted_bwd_params() -> list:
             continue
         for bias_way in _bias_ways(main):
             # the launch order as engines/sm80.backward_choices
-            heavy_first = walk == "shared" if walk is not None else main.has_window_right and not bias_way["batch_inner"]
+            heavy_first = walk == "shared" if walk is not None else (
+                main.has_window_right and not bias_way["batch_inner"])
             record = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
                                          dq_warp_turns=turns, dq_first=walk is not None and main.flavor == "d64",
                                          **bias_way).validate()
