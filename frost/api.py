@@ -24,6 +24,7 @@ from torch import Tensor
 
 from frost import dispatch, plans
 from frost.dispatch import Decision
+from frost.engines.base import allocate_backward, allocate_forward
 from frost.problem import Grads, prepare, split_rope, split_window
 from frost.records import Options, Tensors
 
@@ -82,12 +83,28 @@ def sdpa_backward(
 def serve(direction: str, tensors: Tensors, options: Options, engine=None, out=None):
     """Serve one call given as records (``frost.ops`` calls this; the functions above
     gather their arguments into them). Validates, like every entry."""
+    if isinstance(tensors.q, Tensor) and tensors.q.is_meta:
+        return _shapes_only(direction, tensors, options, engine, out)
     # Engines run without autograd; entering no_grad only when needed saves its cost
     # on calls already under no_grad (the custom ops' implementations are).
     if not torch.is_grad_enabled():
         return plans.cache.serve(direction, tensors, options, engine, out)
     with torch.no_grad():
         return plans.cache.serve(direction, tensors, options, engine, out)
+
+
+def _shapes_only(direction: str, tensors: Tensors, options: Options, engine, out):
+    """A call on meta tensors (a model built there to count shapes or FLOPs): validated and
+    routed like any other, then only its outputs, on the meta device (or ``out`` as given).
+    Nothing runs and the ledger records nothing, as with the operators' fake implementations
+    that ``frost.attention`` takes there. Packed and padded calls still need their sequence
+    lengths' values, which the meta device does not hold: validation says so."""
+    served, tensors, out, _ = plans.cache.plan(direction, tensors, options, engine, out)
+    if out is not None:
+        return out
+    if direction == "forward":
+        return allocate_forward(served.problem, zero=False)
+    return allocate_backward(served.problem, tensors, zero=False)
 
 
 def route(

@@ -373,3 +373,27 @@ def test_a_bias_that_takes_no_gradient_gets_none_computed(compiled, device):
     learned = bias.clone().requires_grad_()
     attention(q.detach(), k.detach(), v.detach(), bias=learned, **keywords).backward(inputs.do)
     assert torch.equal(learned.grad, full.dbias)
+
+
+@pytest.mark.L0
+def test_the_functional_entries_give_shapes_on_meta_tensors():
+    """``sdpa_forward`` / ``sdpa_backward`` on meta tensors validate and route like any call, then
+    give meta outputs of the right shapes (dbias None with ``bias_grad=False``) and run nothing;
+    bad arguments still raise, and lengths whose values the meta device lacks are refused."""
+    q = torch.empty(2, 16, 4, 32, dtype=BF16, device="meta")
+    k = torch.empty(2, 24, 2, 32, dtype=BF16, device="meta")
+    v = torch.empty(2, 24, 2, 48, dtype=BF16, device="meta")
+    bias = torch.empty(1, 4, 16, 24, device="meta")
+    mark = ledger.mark()
+    o, lse = frost.sdpa_forward(q, k, v, causal=True, bias=bias)
+    assert o.is_meta and o.shape == (2, 16, 4, 48) and o.dtype == BF16
+    assert lse.is_meta and lse.shape == (2, 4, 16) and lse.dtype == torch.float32
+    grads = frost.sdpa_backward(o, q, k, v, o, lse, causal=True, bias=bias)
+    assert [tuple(g.shape) for g in grads[:4]] == [tuple(x.shape) for x in (q, k, v, bias)]
+    assert all(g.is_meta for g in grads[:4]) and grads.dsinks is None
+    assert frost.sdpa_backward(o, q, k, v, o, lse, causal=True, bias=bias, bias_grad=False).dbias is None
+    assert not ledger.since(mark)  # no engine ran
+    with pytest.raises(ValueError, match="window"):
+        frost.sdpa_forward(q, k, v, causal=True, window=(3, 2))
+    with pytest.raises(ValueError, match="seqlens_k: on the meta device"):
+        frost.sdpa_forward(q, k, v, seqlens_k=torch.ones(2, dtype=torch.int32, device="meta"))
