@@ -300,6 +300,7 @@ def test_bwd_sm80_dbias_into_rows_the_paired_reductions_cannot_address():
         pytest.skip("the paired reductions are SM90's")
     inputs = make_inputs(gpu_cases.bias_case("bias_11_gqa", torch.bfloat16, (64, 64), False))
     kw = inputs.keywords
+    assert kw["bias"].shape[-1] % 2 == 0  # the plan's own accumulator takes paired reductions
     o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **kw)
     args = (inputs.do, inputs.q, inputs.k, inputs.v, o, lse)
     expected = frost.sdpa_backward(*args, **kw).dbias
@@ -307,6 +308,7 @@ def test_bwd_sm80_dbias_into_rows_the_paired_reductions_cannot_address():
     dbias = wide[..., :-1]
     grads = frost.sdpa_backward(*args, **kw, out=frost.Grads(*(torch.empty_like(x) for x in args[1:4]), dbias))
     assert grads.dbias is dbias
+    assert any(getattr(key[1], "dbias_reduce_width", 1) == 2 for key in _bwd_cache_keys())
     assert wide[..., -1].isnan().all(), "a reduction landed outside dbias"
     # the same sums in another order (float atomics): equal to a few ulps of the largest element
     torch.testing.assert_close(dbias, expected, rtol=0, atol=1e-6 * expected.abs().max().item())
