@@ -295,14 +295,14 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
         heavy_first = walk == "shared"
     elif heavy_first is None:
         heavy_first = main.has_window_right and not batch_inner
-    if dbias_reduce_width is None:
-        dbias_reduce_width = 2 if _problem_sm90(problem) else 1
-    if main.dbias_reduce and problem.bias.shape[-1] % 2:  # the accumulator's rows are not 8-byte aligned
+    if not main.dbias_reduce or problem.bias.shape[-1] % 2:  # no reductions, or rows not 8-byte aligned
         dbias_reduce_width = 1
+    elif dbias_reduce_width is None:
+        dbias_reduce_width = 2 if _problem_sm90(problem) else 1
     main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first, dq_walk=walk,
                                dq_warp_turns=main.dq_ordered and warp_turns,
                                dq_first=main.dq_ordered and main.flavor == "d64", batch_inner=batch_inner,
-                               dbias_reduce_width=dbias_reduce_width if main.dbias_reduce else 1)
+                               dbias_reduce_width=dbias_reduce_width)
     if bias_staged is None:
         bias_staged = main.bias_dtype == "float32"
     if bias_staged and dataclasses.replace(main, bias_staged=True).smem_bytes() <= _problem_smem(problem):
@@ -316,7 +316,7 @@ def bias_batch_inner(problem: Problem, main) -> bool:
     reductions (and bias reads) meet in L2. Launched key blocks fastest, or heavy-first, they
     are a batch or a head's worth of CTAs apart (H200, [1, H, S, S] float32 bias: backward
     1.05-1.3x faster, causal ones too, where it replaces heavy-first; benchmarks/NOTES.md)."""
-    return (main.dbias_reduce and problem.bias.broadcast_batch and problem.batch > 1 and not main.dq_ordered)
+    return main.dbias_reduce and problem.bias.broadcast_batch and problem.batch > 1 and not main.dq_ordered
 
 
 def ordered_walk(main, key_blocks: int, sms: int) -> str:

@@ -106,7 +106,7 @@ def backward(problem: Problem, block: Block, do: torch.Tensor) -> BlockGrads:
         dk = _rotate(dk, block.rope_cos, -block.rope_sin).to(out)
     if wide:
         dq, dk = (dq * problem.scale).to(io), (dk * problem.scale).to(io)
-    dbias = None if block.bias is None else _sum_to(ds, block.bias.shape)
+    dbias = None if block.bias is None or not problem.bias.grad else _sum_to(ds, block.bias.shape)
     dsinks = None if sink_weight is None else -(sink_weight * delta).sum(dim=(0, 2, 3))
     return BlockGrads(dq, dk, dv, dbias, dsinks)
 
