@@ -89,13 +89,15 @@ def admitted_bwd_params() -> list:
         if (walk == "rotated" and not unmasked) or (walk == "diagonal" and not main.has_window_right):
             continue
         for bias_way in _bias_ways(main):
-            # the launch order as engines/sm80.backward_choices
-            heavy_first = walk == "shared" if walk is not None else (
-                main.has_window_right and not bias_way["batch_inner"])
-            record = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
-                                         dq_warp_turns=turns, dq_first=walk is not None and main.flavor == "d64",
-                                         **bias_way).validate()
-            seen[record] = None
+            # the launch order as engines/sm80.backward_choices: the walk's, or heavy-first for a
+            # right-bounded mask with few heads (heavy_first_keeps_locality) and plain with many
+            orders = (walk == "shared",) if walk is not None else (
+                (False, True) if main.has_window_right and not bias_way["batch_inner"] else (False,))
+            for heavy_first in orders:
+                record = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
+                                             dq_warp_turns=turns, dq_first=walk is not None and main.flavor == "d64",
+                                             **bias_way).validate()
+                seen[record] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
                           has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,
                           dq_counters=main.dq_turn_slots)] = None

@@ -232,6 +232,28 @@ def test_bias_choices_follow_the_bias_and_the_device(monkeypatch):
 
 
 @pytest.mark.L0
+def test_heavy_first_only_while_a_wave_holds_two_ctas_per_head():
+    """The default mode launches a right-bounded problem heaviest key blocks first while its heads
+    (sequences x kv heads x split parts) are at most half the SMs (132 off a GPU), else in plain
+    order (key blocks of a head together, sharing its query-side tiles in L2); a forced order
+    wins; unmasked problems keep the plain order."""
+    from frost.engines.sm80 import backward_choices
+
+    def main_of(batch, heads_q=8, heads_kv=8, heavy_first=None, **keywords):
+        q = torch.randn(batch, 256, heads_q, 256, dtype=torch.bfloat16)
+        k = torch.randn(batch, 256, heads_kv, 256, dtype=torch.bfloat16)
+        problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(batch, heads_q, 256), do=q, **keywords)
+        return backward_choices(problem, heavy_first=heavy_first)[0]
+
+    assert main_of(8, causal=True).heavy_first  # 64 heads
+    assert not main_of(9, causal=True).heavy_first  # 72: over half the SMs
+    assert not main_of(9, window=(-1, 16)).heavy_first and main_of(8, window=(-1, 16)).heavy_first
+    assert main_of(9, causal=True, heavy_first=True).heavy_first
+    assert not main_of(8).heavy_first and not main_of(8, window=(16, -1)).heavy_first
+    assert main_of(16, heads_q=32, heads_kv=4, causal=True).heavy_first  # GQA: 64 groups
+
+
+@pytest.mark.L0
 def test_each_walk_is_chosen_only_where_it_is_safe():
     """Deterministic mode walks unmasked problems rotated while a head's key blocks fit the
     device's SMs (132 off a GPU), right-bounded ones (causal, right windows) diagonally, and the

@@ -132,6 +132,34 @@ def test_bwd_sm80_split_group_matches_oracle(name, deterministic, monkeypatch):
                for key in _bwd_cache_keys()), "no split record was compiled"
 
 
+LAUNCH_ORDER_CASES = {  # right-bounded masks in each launch order; "many_heads": the dispatch's own pick
+    "causal": dict(causal=True),
+    "window_br_d256": dict(window=(30, 10), causal_align="bottom_right", seqlen_q=100, seqlen_k=260,
+                           head_dim_qk=256),
+    "thd_causal_gqa": gpu_cases.FEATURES["thd_causal_gqa"],
+    "many_heads": dict(causal=True, batch=17, seqlen_q=130, seqlen_k=130),  # 17 x 4 heads: over half the SMs
+}
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("heavy_first", [False, True, None], ids=["plain", "heavy_first", "chosen"])
+@pytest.mark.parametrize("name", list(LAUNCH_ORDER_CASES))
+def test_bwd_sm80_launch_orders_match_oracle(name, heavy_first, monkeypatch):
+    """Default mode under a right-bounded mask, key blocks launched heaviest first or in plain
+    order (forced, and as the dispatch chooses: plain once the heads outnumber half the SMs,
+    ``heavy_first_keeps_locality``)."""
+    from frost.engines.sm80 import _sm_count
+
+    monkeypatch.setattr(_engine(), "heavy_first", heavy_first)
+    case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, **{"head_dim_qk": 64, **LAUNCH_ORDER_CASES[name]})
+    _assert_sm80(case)
+    batch = len(case.lengths_q) if case.layout == "thd" else case.batch
+    # these GQA groups are split at most into 4 parts, which keeps their few heads under half the SMs
+    want = heavy_first if heavy_first is not None else 2 * batch * case.heads_kv <= _sm_count("cuda:0")
+    assert any(getattr(key[1], "has_window_right", False) and key[1].heavy_first == want and not key[1].deterministic
+               for key in _bwd_cache_keys()), f"no record with heavy_first={want} was compiled"
+
+
 def _bwd_cache_keys():
     from frost.kernels.sm80 import compile as sm80_compile
 
