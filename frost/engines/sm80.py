@@ -321,9 +321,10 @@ def heavy_first_keeps_locality(problem: Problem, split: int, sm_count: int) -> b
     flavors' 64x64 tiles those reads go to DRAM. Key blocks fastest (the plain order) runs a
     head's key blocks together instead. So heavy-first stays where a wave holds at least two
     CTAs per head; there are then few heads, few waves, and its balance is what pays (causal
-    GQA/MQA: 1.3-1.5x). Measured on the H200 (benchmarks/NOTES.md, eleventh session): without
-    heavy-first d256 / d192 / d192x128 B16 S1024 causal ran 1.30x / 1.34x / 1.40x faster; with it
-    d256 B4 S4096 causal (32 heads) 1.04x faster."""
+    GQA/MQA: 1.2-1.5x, benchmarks/NOTES.md 2026-12-03 12:05). Measured on the H200
+    (benchmarks/NOTES.md, eleventh session): without heavy-first d256 / d192 / d192x128 B16
+    S1024 causal ran 1.30x / 1.34x / 1.40x faster; with it d256 B4 S4096 causal (32 heads) 1.04x
+    faster."""
     return 2 * problem.batch * problem.heads_kv * split <= sm_count
 
 
