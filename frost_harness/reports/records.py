@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 COLUMNS = (
-    "test_id", "outcome", "worker", "gpu", "property", "case", "direction", "mode", "engine", "native", "dtype",
+    "test_id", "outcome", "expected", "worker", "gpu", "property", "case", "direction", "mode", "engine", "native", "dtype",
     "device", "layout", "feature_group", "features", "output", "passed", "ratio", "ratio_max",
     "ratio_l2", "err_max", "allowed_max", "nonfinite", "declined", "problem", "error", "reproduce",
 )  # fmt: skip

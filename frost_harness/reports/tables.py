@@ -33,7 +33,8 @@ def frame(rows: list[dict]) -> pd.DataFrame:
 def cases(df: pd.DataFrame) -> pd.DataFrame:
     """One row per case: passed = every output passed, ratio = the worst output's."""
     if df.empty:
-        return pd.DataFrame(columns=[*_CASE_KEYS, "native", "dtype", "feature_group", "declined", "passed", "ratio"])
+        return pd.DataFrame(columns=[*_CASE_KEYS, "native", "dtype", "feature_group", "declined", "passed", "ratio",
+                                     "expected"])
     grouped = df.groupby(_CASE_KEYS, sort=False, dropna=False)
     return grouped.agg(
         native=("native", "first"),
@@ -42,6 +43,7 @@ def cases(df: pd.DataFrame) -> pd.DataFrame:
         declined=("declined", "first"),
         passed=("passed", lambda s: bool(s.astype(bool).all())),
         ratio=("ratio", "max"),
+        expected=("expected", lambda s: bool(s.eq(True).any())),  # a failure its test expected; NaN: old records
     ).reset_index()
 
 
@@ -104,12 +106,13 @@ def markdown(df: pd.DataFrame) -> str:
 def summary_lines(df: pd.DataFrame, top: int = 5, expected: frozenset[str] = frozenset()) -> list[str]:
     """A short console summary: counts, routing, share of frost's own engines, declines, failures.
     ``expected``: test ids pytest reported as expected failures (xfail); their failed cases are
-    counted and listed as such, not as failures."""
+    counted and listed as such, not as failures. So are the failed cases a passing test marked
+    ``allows_failed_cases`` expected (the records' ``expected`` column)."""
     case_df = cases(df)
     if case_df.empty:
         return ["no accuracy-harness cases in this run"]
     not_passed = case_df[~case_df["passed"].astype(bool)]
-    as_expected = not_passed["test_id"].isin(expected)
+    as_expected = not_passed["test_id"].isin(expected) | not_passed["expected"].astype(bool)
     failed, xfailed = not_passed[~as_expected], not_passed[as_expected]
     routed_count = int((case_df["mode"] == "routed").sum())
     lines = [

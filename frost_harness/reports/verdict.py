@@ -11,7 +11,10 @@ pytest's own account as well:
   that failed or errored, collection errors included, by name;
 - the records: a case that failed the acceptance rule, or a failing fuzz chunk. A failed case of
   a test pytest reports as an expected failure (xfail: a documented known limit) is expected,
-  not a problem; its test xpassing strictly would be a failure in junit.xml.
+  not a problem; its test xpassing strictly would be a failure in junit.xml. So is a failed case
+  that a passing test marked ``allows_failed_cases`` expected (a Hypothesis example marked
+  xfail, which pytest reports as a pass): ``publish.judge_run`` leaves it out. A failed case of
+  any other passing test stays a problem: that test forgot to assert its verdict.
 
 ``judge`` returns a ``Verdict``: ``passed``, a headline and the tests to look at.
 """

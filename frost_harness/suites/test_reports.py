@@ -5,6 +5,7 @@ import json
 import shlex
 import shutil
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -320,3 +321,23 @@ def test_console_summary_counts_expected_failures_apart():
     assert any(line.startswith("FAILED t.py::test_bad") for line in lines)
     assert any(line.startswith("XFAIL t.py::test_limit") for line in lines)
     assert not any(line.startswith("FAILED t.py::test_limit") for line in lines)
+
+
+_NO_CHUNKS = pd.DataFrame(columns=list(records.FUZZ_COLUMNS))
+
+
+@pytest.mark.L0
+def test_failed_cases_a_passing_test_allowed_are_expected_and_no_others():
+    """A passing test marked allows_failed_cases (a Hypothesis example marked xfail inside it, which
+    pytest reports as a pass) expected its failed cases: counted apart, and the verdict stays green.
+    A failed case of any other passing test turns it red: that test forgot to assert its verdict."""
+    allowed = {**_row("t.py::test_property", "torch-sdpa", False, direction="backward", output="dk", ratio=2.56),
+               "outcome": "passed", "expected": True}
+    unasserted = {**_row("t.py::test_forgot", "unfused", False, ratio=3.0), "outcome": "passed"}
+    lines = tables.summary_lines(tables.frame([allowed, _row("t.py::test_a", "sm80", True)]))
+    assert lines[0].endswith("1 passed, 0 failed, 1 failed as expected (xfail)"), lines[0]
+    assert any(line.startswith("XFAIL t.py::test_property") for line in lines)
+    assert publish.judge_run(Path("/nonexistent"), {}, tables.frame([allowed]), _NO_CHUNKS).passed
+    judged = publish.judge_run(Path("/nonexistent"), {}, tables.frame([allowed, unasserted]), _NO_CHUNKS)
+    assert not judged.passed and judged.problems == [
+        "CASE t.py::test_forgot [forward unfused] worst ratio 3"], judged.problems

@@ -55,6 +55,7 @@ def test_forward_matches_oracle(case):
 
 
 @pytest.mark.L0
+@pytest.mark.allows_failed_cases(reason="the xfail example below, on AVX512-FP16 hosts")
 @given(case=strategies.backward_cases("cpu"))
 # pinned: a sequence without keys and without a sink made the backward filter raise
 @example(case=Case(layout="thd", lengths_q=(3, 20), lengths_k=(0, 20), head_dim_qk=16))
