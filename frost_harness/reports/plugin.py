@@ -3,7 +3,8 @@
 Loaded by the repository's frost_harness/suites/conftest.py. Each test process (the only one, "main", or
 each pytest-xdist worker, "gw0", ...) appends the rows its tests recorded, stamped with
 the test id, outcome, worker and the worker's ``CUDA_VISIBLE_DEVICES`` (column ``gpu``:
-the physical GPU a fuzz runner gave it), to ``records-<worker>.jsonl.gz`` in the run
+the physical GPU a fuzz runner gave it), and ``expected`` on the failed cases of a passing test
+marked ``allows_failed_cases`` (conftest.py's markers), to ``records-<worker>.jsonl.gz`` in the run
 folder (a failing fuzz test's shrinking steps reduced to its last, shrunk example); the controller merges the files at the end and prints the routing summary
 (``frost_harness.reports.tables``). ``run_folder(config)`` tells other plugins where the run folder
 is, for logs of their own.

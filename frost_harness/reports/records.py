@@ -3,8 +3,8 @@
 A row is a flat dict, one per (test case, direction, output); ``COLUMNS`` lists its
 keys in report order. The harness calls ``add`` while a test runs; the pytest plugin
 (``frost_harness.reports.plugin``) has called ``start`` and, after each test, ``drain``s the rows,
-stamps them with the test id, outcome, worker and the worker's GPU (its
-``CUDA_VISIBLE_DEVICES``) and appends them as JSON lines to its worker's file of the
+stamps them with the test id, outcome, worker, the worker's GPU (its
+``CUDA_VISIBLE_DEVICES``) and whether a failed case was expected by its passing test, and appends them as JSON lines to its worker's file of the
 run folder (``records-<worker>.jsonl.gz``: compact JSON, gzip-compressed; a fuzz run
 records thousands of examples, and a failing one only once, ``last_failure_only``). Outside a pytest run with the plugin nothing
 collects and ``add`` drops the row. ``stamped(property=...)`` adds fields to every row
