@@ -61,6 +61,9 @@ def admitted_fwd_params() -> list[FwdParams]:
             bias_dtype=_bias_dtype(bias, dtype),
         )
         seen[params] = None
+        if params.flavor == "d64" and params.has_window_right and params.bias_dtype is None:
+            # few heads: engines/sm80.forward_heavy_first
+            seen[dataclasses.replace(params, heavy_first=True).validate()] = None
     return list(seen)
 
 

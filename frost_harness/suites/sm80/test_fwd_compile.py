@@ -111,3 +111,24 @@ def test_bias_lowers_to_one_record_per_dtype_whatever_its_broadcast(bias, bias_d
     assert params == dataclasses.replace(Sm80Forward().records(dataclasses.replace(problem, bias=None))[0],
                                          bias_dtype=want)
     assert sm80_compile.compile_fwd(params) is not None
+
+
+@pytest.mark.L0
+def test_d64_forward_launches_heavy_first_only_with_few_heads():
+    """The d64 forward under a right-bounded mask without a bias launches its longest query blocks
+    first while its heads (sequences x query heads) are at most half the SMs (132 off a GPU),
+    else in plain order; the wider flavors always heavy-first; unmasked and biased d64 problems
+    plain."""
+    def params_of(batch, heads_q=8, heads_kv=8, head_dim=64, **keywords):
+        q = torch.randn(batch, 64, heads_q, head_dim, dtype=torch.bfloat16)
+        k = torch.randn(batch, 64, heads_kv, head_dim, dtype=torch.bfloat16)
+        return Sm80Forward().records(Problem.from_call("forward", q, k, k, **keywords))[0]
+
+    assert params_of(8, causal=True).heavy_first  # 64 heads
+    assert not params_of(9, causal=True).heavy_first  # 72: over half the SMs
+    assert params_of(4, heads_q=16, heads_kv=2, window=(-1, 8)).heavy_first  # GQA: query heads count
+    assert not params_of(5, heads_q=16, heads_kv=2, window=(-1, 8)).heavy_first
+    assert not params_of(8).heavy_first and not params_of(8, window=(8, -1)).heavy_first
+    assert not params_of(8, causal=True, bias=torch.randn(8, 8, 64, 64)).heavy_first
+    assert params_of(9, causal=True, head_dim=128).heavy_first and not params_of(9, head_dim=128).heavy_first
+    assert all(p in set(ALL) for p in (params_of(8, causal=True), params_of(9, causal=True)))

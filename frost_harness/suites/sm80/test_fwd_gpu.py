@@ -76,3 +76,23 @@ def test_fwd_sm80_bias_matches_oracle(feature, dtype, dims, bias_io):
     """Every broadcast shape, float32 and io-dtype bias, padded (NaN in the padded bias entries),
     packed, masked, and with -inf holes (a row without any visible key gives o = 0, lse = -inf)."""
     _assert_sm80(gpu_cases.bias_case(feature, dtype, dims, bias_io))
+
+
+FWD_ORDER_CASES = {  # d64 under right-bounded masks: few heads heavy-first, many plain (forward_heavy_first)
+    "few_heads_causal": dict(causal=True),
+    "few_heads_window_gqa": dict(window=(20, 3), heads_q=8, heads_kv=2),
+    "many_heads_causal": dict(causal=True, batch=17, seqlen_q=130, seqlen_k=130),  # 17 x 4 heads
+}
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("name", list(FWD_ORDER_CASES))
+def test_fwd_sm80_d64_launch_orders_match_oracle(name):
+    from frost.engines.sm80 import _sm_count
+    from frost.kernels.sm80 import compile as sm80_compile
+
+    case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, head_dim_qk=64, **FWD_ORDER_CASES[name])
+    _assert_sm80(case)
+    want = 2 * case.batch * case.heads_q <= _sm_count("cuda:0")
+    assert any(key[1].flavor == "d64" and key[1].has_window_right and key[1].heavy_first == want
+               for key in sm80_compile.FWD_CACHE.keys()), f"no d64 forward record with heavy_first={want}"
