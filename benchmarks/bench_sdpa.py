@@ -399,6 +399,26 @@ def bias_rows(d, s, causal, reps_ms: int, variants: bool = False) -> list[dict]:
     return rows
 
 
+def precompile_bias(chosen, variants: bool, jobs: int) -> None:
+    """``--bias --precompile J``: build every kernel the bias rows time (forward; backward default,
+    deterministic and without dbias; with ``variants`` BIAS_VARIANTS) in ``jobs`` workers first."""
+    from frost.kernels.prebuild import build_records
+
+    records = []
+    for d, s, causal in chosen:
+        _, (q, k, v, do), bias, _ = _bias_inputs(s, d, causal)
+        _, engine, problem, _ = _plan("forward", q, k, v, causal=causal, bias=bias)
+        records += engine.records(problem)
+        o, lse = torch.empty_like(do), torch.empty(q.shape[0], q.shape[2], s, device="cuda")
+        kw = dict(o=o, lse=lse, do=do, causal=causal, bias=bias)
+        for extra in (dict(), dict(deterministic=True), dict(bias_grad=False)):
+            _, engine, problem, _ = _plan("backward", q, k, v, **kw, **extra)
+            records += engine.records(problem)
+            if variants and not extra:
+                records += [r for choice in BIAS_VARIANTS.values() for r in Sm80Backward(**choice).records(problem)]
+    print(f"precompile: {build_records(records, jobs)}", flush=True)
+
+
 def print_bias_table(rows: list[dict]) -> None:
     cols = ["direction", "B", "S", "Hq", "d", "causal", "frost", "frost_det", "frost_no_dbias",
             *[c for c in BIAS_VARIANTS if any(c in r for r in rows)],
@@ -516,8 +536,10 @@ def main(argv=None) -> int:
     if args.rope:
         return rope_main(args)
     if args.bias:
-        rows = [r for i, shape in enumerate(BIAS_SHAPES) if not args.only or str(i) in args.only.split(",")
-                for r in bias_rows(*shape, args.reps_ms, bool(args.variants))]
+        chosen = [x for i, x in enumerate(BIAS_SHAPES) if not args.only or str(i) in args.only.split(",")]
+        if args.precompile:
+            precompile_bias(chosen, bool(args.variants), args.precompile)
+        rows = [r for shape in chosen for r in bias_rows(*shape, args.reps_ms, bool(args.variants))]
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bench_sdpa_bias.json").write_text(json.dumps(rows, indent=1))
         print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (TFLOP/s; ratio = frost / efficient)")

@@ -139,9 +139,7 @@ def fwd_params_for(
     Tiles, measured on the H200 (bf16, 16k tokens, hidden 2048, TFLOP/s, 2026-12-02):
     - d64 non-causal: 128x128 (S=1k: 317; 128x64 gives 311);
     - d64 causal: 128x64 (S=1k: 230 against 169 for 128x128; S=4k: equal);
-    - d128: 128x64; causal launches heaviest query blocks first (S=1k: 275 against 268). The d64
-      forward launches in plain order here; the engine turns heavy-first on where the problem has
-      few heads (``engines/sm80.forward_heavy_first``: that depends on sizes, not on these facts).
+    - d128: 128x64; causal launches heaviest query blocks first (S=1k: 275 against 268).
     The wider flavors (``FWD_TILES``) are not measured yet: ``bench_sdpa.py --hdims --variants``
     times them against the alternatives.
     """
