@@ -146,10 +146,11 @@ def forward_heavy_first(problem: Problem, params) -> bool:
 class Sm80Backward(Engine):
     """The backward chain. Per problem and device it chooses (``backward_choices``):
 
-    - the dQ reduce width: 1 float per reduction on every device. With the accumulator's
-      line-aligned layout, 4 (red.global.add.v4.f32, SM90) measured no faster on the H200
-      (-2% to +3% across the 18 benchmark shapes, benchmarks/NOTES.md); ``dq_reduce_width``
-      forces a width (2 and 4 need SM90);
+    - the dQ reduce width: 4 floats per reduction (red.global.add.v4.f32) for d64 without a
+      bias on SM90, with the dQ product first in a step (``config.bwd_params_for``): +2-3% on
+      the d64 benchmark shapes on the H200, where 4 floats alone or the order alone gained
+      nothing (benchmarks/NOTES.md, twelfth session); 1 float otherwise (d128: 1-4% slower with
+      4; a bias: not measured); ``dq_reduce_width`` forces a width (2 and 4 need SM90);
     - the GQA split: the query heads of a group are spread over CTAs when the unsplit grid
       would be under two waves of the device's SMs (``split`` forces a count; 1 disables);
     - heavy-first launch order for causal / right-windowed problems with few heads, where a wave
@@ -179,7 +180,7 @@ class Sm80Backward(Engine):
     native = False
     capabilities = SM80_CAPABILITIES
 
-    def __init__(self, dq_reduce_width: int = 1, split: int | None = None,
+    def __init__(self, dq_reduce_width: int | None = None, split: int | None = None,
                  heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None,
                  dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
@@ -275,21 +276,24 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
     return group
 
 
-def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, heavy_first=None,
+def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=None, heavy_first=None,
                      ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
                      warp_turns: bool = False, det_reduce_width: int | None = 1, batch_inner: bool | None = False,
                      dbias_reduce_width: int | None = 1, bias_staged: bool | None = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward).
-    ``det_reduce_width`` None: 4 on SM90, else 1. For a dbias reduced over broadcast dims,
-    ``batch_inner`` None: ``bias_batch_inner`` unless ``heavy_first`` is forced;
-    ``dbias_reduce_width`` None: 2 floats per reduction on SM90 where the accumulator's rows
-    are 8-byte aligned (it is contiguous: an even Sk), else 1. ``bias_staged`` None: a float32
-    bias tile comes through shared memory (cp.async a step ahead) where the device has the
-    room; read where the scores need it, it cost half the step (H200, benchmarks/NOTES.md)."""
+    ``dq_reduce_width`` None: ``default_dq_reduce_width``; ``det_reduce_width`` None: 4 on SM90,
+    else 1. For a dbias reduced over broadcast dims, ``batch_inner`` None: ``bias_batch_inner``
+    unless ``heavy_first`` is forced; ``dbias_reduce_width`` None: 2 floats per reduction on
+    SM90 where the accumulator's rows are 8-byte aligned (it is contiguous: an even Sk), else 1.
+    ``bias_staged`` None: a float32 bias tile comes through shared memory (cp.async a step
+    ahead) where the device has the room; read where the scores need it, it cost half the step
+    (H200, benchmarks/NOTES.md)."""
     from frost.kernels.sm80.config import bwd_params_for
 
     if problem.deterministic and ordered_dq:
         dq_reduce_width = det_reduce_width or (4 if _problem_sm90(problem) else 1)
+    elif dq_reduce_width is None:
+        dq_reduce_width = default_dq_reduce_width(problem)
     main = bwd_params_for(
         dtype=_DTYPE_NAMES[problem.dtype], head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v,
         layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
@@ -318,14 +322,22 @@ def backward_choices(problem: Problem, dq_reduce_width: int = 1, split=None, hea
     elif dbias_reduce_width is None:
         dbias_reduce_width = 2 if _problem_sm90(problem) else 1
     main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first, dq_walk=walk,
-                               dq_warp_turns=main.dq_ordered and warp_turns,
-                               dq_first=main.dq_ordered and main.flavor == "d64", batch_inner=batch_inner,
+                               dq_warp_turns=main.dq_ordered and warp_turns, batch_inner=batch_inner,
                                dbias_reduce_width=dbias_reduce_width)
     if bias_staged is None:
         bias_staged = main.bias_dtype == "float32"
     if bias_staged and dataclasses.replace(main, bias_staged=True).smem_bytes() <= _problem_smem(problem):
         main = dataclasses.replace(main, bias_staged=True)
     return main.validate(), split
+
+
+def default_dq_reduce_width(problem: Problem) -> int:
+    """Floats per dQ reduction in the default mode (Sm80Backward): 4 for d64 without a bias on
+    SM90 (its dQ product then comes first: ``config.bwd_params_for``), else 1."""
+    from frost.kernels.sm80.config import flavor_for
+
+    d64 = flavor_for(problem.head_dim_qk, problem.head_dim_v) == "d64"
+    return 4 if d64 and problem.bias is None and _problem_sm90(problem) else 1
 
 
 def heavy_first_keeps_locality(problem: Problem, split: int, sm_count: int) -> bool:

@@ -22,7 +22,8 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
     dQ = dS.K -> reductions         (deterministic mode: only ordered, below)
     dK += dS^T.Q                    issued after the dQ reductions, which drain under it
 
-(``dq_first``, ordered dQ: the dQ product and its reductions before the dV product.)
+(``dq_first``: the dQ product and its reductions before the dV product, so that they drain
+under both products; config.bwd_params_for says when.)
 
 dQ goes to a flat fp32 accumulator (``seqlen.py``): each query block owns a
 chunk of ``tile_m * tile_hdim_qk`` floats in the order of the dQ MMA's register

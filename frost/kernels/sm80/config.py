@@ -265,8 +265,8 @@ class BwdParams(_Tiles):
     # each warp waits for its turn and releases it on a counter of its own (its reductions touch
     # addresses no other warp of the CTA does): no CTA barrier around the reductions
     dq_warp_turns: bool = False
-    # ordered dQ: the dQ product and its reductions come first in a step, before the dV product,
-    # so that both dK and dV products run while the reductions drain ahead of the release
+    # the dQ product and its reductions come first in a step, before the dV product, so that both
+    # the dK and the dV products run while the reductions drain (ahead of the ordered dQ's release)
     dq_first: bool = False
     bias_dtype: str | None = None   # an additive bias read by the recompute of P; None: none
     # where dS goes as dbias: stored per element in this dtype (the bias's own without broadcast;
@@ -343,8 +343,10 @@ class BwdParams(_Tiles):
             bad(f"the {self.dq_walk} walk launches a head's key blocks together, not heavy_first")
         if self.dq_walk == "rotated" and (self.has_window_left or self.has_window_right):
             bad("the rotated walk needs an unmasked problem")
-        if (self.dq_warp_turns or self.dq_first) and not self.dq_ordered:
-            bad("dq_warp_turns and dq_first are ways of the ordered dQ")
+        if self.dq_warp_turns and not self.dq_ordered:
+            bad("dq_warp_turns is a way of the ordered dQ")
+        if self.dq_first and not self.reduces_dq:
+            bad("dq_first orders the main kernel's dQ reductions: it needs them (reduces_dq)")
         if self.dq_chunk % (self.num_threads * self.dq_reduce_width):
             bad("the dQ chunk must split evenly into the threads' reductions")
         if self.smem_bytes() > SMEM_BYTES_MAX:
@@ -380,10 +382,17 @@ def bwd_params_for(
     and ``split_group`` are the engine's choices per device and per problem size
     (frost/engines/sm80.py). ``bias_broadcast``: the bias has size 1 where the problem has
     several batches or heads, so dbias sums over them (sm80/bias.py says how); ``bias_grad``
-    False: no dbias is made."""
+    False: no dbias is made.
+
+    d64 issues the dQ product first (``dq_first``) with the ordered dQ and with 4-float
+    reductions, the two ways whose reductions it pays to start early. Measured on the H200
+    (benchmarks/NOTES.md): ordered, 1.5-2.5% cheaper (d128 1-3% dearer); default mode, 4 floats
+    and dQ first +2-3% on d64 (neither alone gained; d128 1-4% slower)."""
     flavor = flavor_for(head_dim_qk, head_dim_v)
     if flavor is None:
         raise ValueError(f"no flavor covers head dims {head_dim_qk}/{head_dim_v}")
+    ordered = deterministic and dq_ordered
+    dq_reduce_width = dq_reduce_width if not deterministic or ordered else 1
     tile_qk, tile_v = FLAVORS[flavor]
     tile_m, tile_n, warps_m_sdp, warps_n_dkv, warps_m_dq = BWD_TILES[flavor]
     return BwdParams(
@@ -393,9 +402,9 @@ def bwd_params_for(
         layout=layout, has_seqlens=has_seqlens, has_window_left=window_left >= 0,
         has_window_right=window_right >= 0,
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
-        dq_reduce_width=dq_reduce_width if not deterministic or dq_ordered else 1, split_group=split_group,
-        dq_ordered=deterministic and dq_ordered, heavy_first=deterministic and dq_ordered,
-        dq_walk="shared" if deterministic and dq_ordered else None,
+        dq_reduce_width=dq_reduce_width, split_group=split_group, dq_ordered=ordered, heavy_first=ordered,
+        dq_walk="shared" if ordered else None,
+        dq_first=flavor == "d64" and (ordered or (not deterministic and dq_reduce_width == 4)),
         **dbias_fields(bias_dtype, bias_broadcast, deterministic, bias_grad),
     ).validate()
 

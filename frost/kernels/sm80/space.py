@@ -98,8 +98,7 @@ def admitted_bwd_params() -> list:
                 (False, True) if main.has_window_right and not bias_way["batch_inner"] else (False,))
             for heavy_first in orders:
                 record = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
-                                             dq_warp_turns=turns, dq_first=walk is not None and main.flavor == "d64",
-                                             **bias_way).validate()
+                                             dq_warp_turns=turns, **bias_way).validate()
                 seen[record] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
                           has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,

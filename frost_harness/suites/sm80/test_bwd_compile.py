@@ -232,6 +232,31 @@ def test_bias_choices_follow_the_bias_and_the_device(monkeypatch):
 
 
 @pytest.mark.L0
+def test_d64_default_mode_reduces_four_floats_with_the_dq_product_first(monkeypatch):
+    """The default mode's d64 chain on SM90 (an H200 off a GPU) reduces dQ four floats at a time
+    with the dQ product first in a step, and converts four at a time; d128, a bias, the
+    recompute mode, an SM80 device or a forced width keep one float and the usual order."""
+    from frost.engines import sm80
+
+    def chain(head_dim=64, engine=None, **keywords):
+        q = torch.randn(2, 300, 4, head_dim, dtype=torch.bfloat16)
+        problem = Problem.from_call("backward", q, q, q, o=q, lse=torch.zeros(2, 4, 300), do=q, causal=True,
+                                    **keywords)
+        return (engine or Sm80Backward()).records(problem)
+
+    _, main, last = chain()
+    assert main.dq_reduce_width == last.dq_reduce_width == 4 and main.dq_first and not main.deterministic
+    for other in (chain(128), chain(bias=torch.randn(1, 4, 300, 300)), chain(engine=Sm80Backward(dq_reduce_width=1)),
+                  chain(deterministic=True, engine=Sm80Backward(ordered_dq=False))):
+        assert other[1].dq_reduce_width == 1 and not other[1].dq_first
+    assert not chain(128, engine=Sm80Backward(dq_reduce_width=4))[1].dq_first  # d128: 1-4% slower first
+    with pytest.raises(ValueError, match="dq_first"):  # the recompute mode has no reductions to order
+        dataclasses.replace(chain(deterministic=True, engine=Sm80Backward(ordered_dq=False))[1], dq_first=True).validate()
+    monkeypatch.setattr(sm80, "_problem_sm90", lambda problem: False)  # no red.global.add.v4.f32
+    assert chain()[1].dq_reduce_width == 1 and not chain()[1].dq_first
+
+
+@pytest.mark.L0
 def test_heavy_first_only_while_a_wave_holds_two_ctas_per_head():
     """The default mode launches a right-bounded problem heaviest key blocks first while its heads
     (sequences x kv heads x split parts) are at most half the SMs (132 off a GPU), else in plain
