@@ -79,15 +79,22 @@ def _engine():
 @pytest.mark.L0
 @pytest.mark.parametrize("feature, dtype, dims", L0_CASES, ids=lambda x: str(x))
 def test_bwd_sm80_other_dq_reduce_width_matches_oracle(feature, dtype, dims, monkeypatch):
-    """The dQ reduce width the dispatch does not pick: 4 floats per reduction (red.global.add.v4.f32,
-    SM90 only; the default grid covers the scalar width 1 every device uses)."""
+    """The dQ reduce width the dispatch does not pick on this SM90 device: 1 float per reduction
+    (what SM80 devices run) where it picks 4 (d64 without a bias, the dQ product first), else 4
+    (red.global.add.v4.f32); the default grid covers the width it picks."""
+    from frost.engines.sm80 import default_dq_reduce_width
     from frost.kernels.sm80.config import BwdParams
 
     if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("red.global.add.v4.f32 needs an SM90 device")
-    monkeypatch.setattr(_engine(), "dq_reduce_width", 4)
-    _assert_sm80(_case(feature, dtype, dims))
-    assert any(isinstance(key[1], BwdParams) and key[1].dq_reduce_width == 4 for key in _bwd_cache_keys())
+        pytest.skip("red.global.add.v4.f32 needs an SM90 device: an SM80 device runs width 1 only")
+    case = _case(feature, dtype, dims)
+    inputs = make_inputs(case)
+    problem, _ = prepare("forward", inputs.q, inputs.k, inputs.v, **inputs.keywords)  # facts only: as a backward
+    other = 5 - default_dq_reduce_width(dataclasses.replace(problem, direction=DIRECTION))  # 1 <-> 4
+    monkeypatch.setattr(_engine(), "dq_reduce_width", other)
+    _assert_sm80(case)
+    assert any(isinstance(key[1], BwdParams) and key[1].dq_reduce_width == other and key[1].dq_first == (
+        other == 4 and key[1].flavor == "d64") for key in _bwd_cache_keys())
 
 
 OTHER_TILES = [  # (feature, head dims, (tile_m, tile_n)): the tiles bench_sdpa.py --variants measures
