@@ -23,6 +23,7 @@ import torch
 
 import frost
 from frost.dispatch import ledger
+from frost.kernels.sm80.config import BwdDqParams, BwdParams
 from frost.problem import prepare
 from frost_harness.suites.sm80 import gpu_cases
 from frost_harness.suites.harness import Case, bits_equal, check, make_inputs, run_backward
@@ -83,7 +84,6 @@ def test_bwd_sm80_other_dq_reduce_width_matches_oracle(feature, dtype, dims, mon
     (what SM80 devices run) where it picks 4 (d64 without a bias, the dQ product first), else 4
     (red.global.add.v4.f32); the default grid covers the width it picks."""
     from frost.engines.sm80 import default_dq_reduce_width
-    from frost.kernels.sm80.config import BwdParams
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("red.global.add.v4.f32 needs an SM90 device: an SM80 device runs width 1 only")
@@ -93,8 +93,8 @@ def test_bwd_sm80_other_dq_reduce_width_matches_oracle(feature, dtype, dims, mon
     other = 5 - default_dq_reduce_width(dataclasses.replace(problem, direction=DIRECTION))  # 1 <-> 4
     monkeypatch.setattr(_engine(), "dq_reduce_width", other)
     _assert_sm80(case)
-    assert any(isinstance(key[1], BwdParams) and key[1].dq_reduce_width == other and key[1].dq_first == (
-        other == 4 and key[1].flavor == "d64") for key in _bwd_cache_keys())
+    assert any(p.dq_reduce_width == other and p.dq_first == (other == 4 and p.flavor == "d64")
+               for p in _bwd_records(BwdParams))
 
 
 OTHER_TILES = [  # (feature, head dims, (tile_m, tile_n)): the tiles bench_sdpa.py --variants measures
@@ -106,12 +106,9 @@ OTHER_TILES = [  # (feature, head dims, (tile_m, tile_n)): the tiles bench_sdpa.
 @pytest.mark.L0
 @pytest.mark.parametrize("feature, dims, tile_mn", OTHER_TILES, ids=str)
 def test_bwd_sm80_other_tiles_match_oracle(feature, dims, tile_mn, monkeypatch):
-    from frost.kernels.sm80.config import BwdParams
-
     monkeypatch.setattr(_engine(), "tile_mn", tile_mn)
     _assert_sm80(_case(feature, torch.bfloat16, dims))
-    assert any(isinstance(key[1], BwdParams) and (key[1].tile_m, key[1].tile_n) == tile_mn
-               for key in _bwd_cache_keys())
+    assert any((p.tile_m, p.tile_n) == tile_mn for p in _bwd_records(BwdParams))
 
 
 SPLIT_CASES = {  # GQA / MQA problems with the group forced into splits
@@ -135,8 +132,8 @@ def test_bwd_sm80_split_group_matches_oracle(name, deterministic, monkeypatch):
     case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, head_dim_qk=dims[0], head_dim_v=dims[1],
                                deterministic=deterministic, **SPLIT_CASES[name])
     _assert_sm80(case)
-    assert any(getattr(key[1], "split_group", False) and key[1].deterministic == deterministic
-               for key in _bwd_cache_keys()), "no split record was compiled"
+    assert any(p.split_group and p.deterministic == deterministic
+               for p in _bwd_records(BwdParams)), "no split record was compiled"
 
 
 LAUNCH_ORDER_CASES = {  # right-bounded masks in each launch order; "many_heads": the dispatch's own pick
@@ -163,14 +160,16 @@ def test_bwd_sm80_launch_orders_match_oracle(name, heavy_first, monkeypatch):
     batch = len(case.lengths_q) if case.layout == "thd" else case.batch
     # these GQA groups are split at most into 4 parts, which keeps their few heads under half the SMs
     want = heavy_first if heavy_first is not None else 2 * batch * case.heads_kv <= _sm_count("cuda:0")
-    assert any(getattr(key[1], "has_window_right", False) and key[1].heavy_first == want and not key[1].deterministic
-               for key in _bwd_cache_keys()), f"no record with heavy_first={want} was compiled"
+    assert any(p.has_window_right and p.heavy_first == want and not p.deterministic
+               for p in _bwd_records(BwdParams)), f"no record with heavy_first={want} was compiled"
 
 
-def _bwd_cache_keys():
+def _bwd_records(kind) -> list:
+    """The records of one kernel of the chain (``kind``: BwdParams for the main kernel) in this
+    process's compile cache, which holds every kernel's: their params types have different fields."""
     from frost.kernels.sm80 import compile as sm80_compile
 
-    return sm80_compile.BWD_CACHE.keys()
+    return [key[1] for key in sm80_compile.BWD_CACHE.keys() if isinstance(key[1], kind)]
 
 
 @pytest.mark.L1
@@ -210,12 +209,10 @@ RECOMPUTE_CASES = ("causal", "gqa", "thd_causal_gqa", "sinks", "window_br", "pad
 def test_bwd_sm80_recompute_deterministic_matches_oracle(feature, monkeypatch):
     """Deterministic mode's other way (the default reduces dQ in a fixed key-block order): dQ
     recomputed per query block by bwd_dq, judged like the default mode (bitwise twice)."""
-    from frost.kernels.sm80.config import BwdDqParams
-
     monkeypatch.setattr(_engine(), "ordered_dq", False)
     i = RECOMPUTE_CASES.index(feature)
     _assert_sm80(_case(feature, gpu_cases.DTYPES[i % 2], gpu_cases.HEAD_DIMS[i % 4], deterministic=True))
-    assert any(isinstance(key[1], BwdDqParams) for key in _bwd_cache_keys())
+    assert _bwd_records(BwdDqParams)
 
 
 DETERMINISM_CASES = {
@@ -253,10 +250,9 @@ def test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs(name, monkeypatch
         monkeypatch.setattr(_engine(), "ordered_dq", False)
     _assert_bitwise_over_20_runs(dataclasses.replace(gpu_cases.BASE, deterministic=True, **DETERMINISM_CASES[name]))
     if name.endswith("gqa_split"):
-        assert any(getattr(key[1], "split_group", False) and key[1].deterministic for key in _bwd_cache_keys())
+        assert any(p.split_group and p.deterministic for p in _bwd_records(BwdParams))
     ordered = not name.startswith("recompute")  # the deterministic default reduces dQ in order
-    assert any(getattr(key[1], "dq_ordered", False) == ordered and getattr(key[1], "deterministic", False)
-               for key in _bwd_cache_keys())
+    assert any(p.dq_ordered == ordered and p.deterministic for p in _bwd_records(BwdParams))
 
 
 @pytest.mark.L0
@@ -310,8 +306,6 @@ def test_bwd_sm80_bias_ways_match_oracle(feature, way, monkeypatch):
     """A float32 bias read from global memory or staged through shared memory, and a dbias
     reduced over the batch with key blocks or sequences launched fastest, one or two floats per
     reduction (two need SM90 and an even Sk; an odd one takes one float per reduction)."""
-    from frost.kernels.sm80.config import BwdParams
-
     forced = BIAS_WAYS[way]
     if forced["dbias_reduce_width"] > 1 and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("red.global.add.v2.f32 needs an SM90 device")
@@ -322,9 +316,8 @@ def test_bwd_sm80_bias_ways_match_oracle(feature, way, monkeypatch):
     _assert_sm80(case)
     odd_rows = make_inputs(case).keywords["bias"].shape[-1] % 2  # bias_11_mqa_edges: 255 keys
     width = 1 if odd_rows else forced["dbias_reduce_width"]
-    assert any(isinstance(key[1], BwdParams) and key[1].bias_staged == forced["bias_staged"]
-               and key[1].batch_inner == forced["batch_inner"] and key[1].dbias_reduce_width == width
-               for key in _bwd_cache_keys())
+    assert any(p.bias_staged == forced["bias_staged"] and p.batch_inner == forced["batch_inner"]
+               and p.dbias_reduce_width == width for p in _bwd_records(BwdParams))
 
 
 @pytest.mark.L0
@@ -343,7 +336,7 @@ def test_bwd_sm80_dbias_into_rows_the_paired_reductions_cannot_address():
     dbias = wide[..., :-1]
     grads = frost.sdpa_backward(*args, **kw, out=frost.Grads(*(torch.empty_like(x) for x in args[1:4]), dbias))
     assert grads.dbias is dbias
-    assert any(getattr(key[1], "dbias_reduce_width", 1) == 2 for key in _bwd_cache_keys())
+    assert any(p.dbias_reduce_width == 2 for p in _bwd_records(BwdParams))
     assert wide[..., -1].isnan().all(), "a reduction landed outside dbias"
     # the same sums in another order (float atomics): equal to a few ulps of the largest element
     torch.testing.assert_close(dbias, expected, rtol=0, atol=1e-6 * expected.abs().max().item())
@@ -353,11 +346,9 @@ def test_bwd_sm80_dbias_into_rows_the_paired_reductions_cannot_address():
 @pytest.mark.parametrize("feature", ["bias_11_holes", "bias_1H_causal", "bias_1H_padding_holes"])
 def test_bwd_sm80_bias_recompute_deterministic_matches_oracle(feature, monkeypatch):
     """The deterministic mode's dQ recompute pass (bwd_dq) reads the bias too."""
-    from frost.kernels.sm80.config import BwdDqParams
-
     monkeypatch.setattr(_engine(), "ordered_dq", False)
     _assert_sm80(gpu_cases.bias_case(feature, torch.bfloat16, (64, 64), False, deterministic=True))
-    assert any(isinstance(key[1], BwdDqParams) and key[1].bias_dtype for key in _bwd_cache_keys())
+    assert any(p.bias_dtype for p in _bwd_records(BwdDqParams))
 
 
 BIAS_DETERMINISM_CASES = {  # broadcast (partials summed in order) and not (stored once), padded, GQA
