@@ -85,9 +85,12 @@ def serve(direction: str, tensors: Tensors, options: Options, engine=None, out=N
     gather their arguments into them). Validates, like every entry."""
     if isinstance(tensors.q, Tensor) and tensors.q.is_meta:
         return _shapes_only(direction, tensors, options, engine, out)
-    # Engines run without autograd; entering no_grad only when needed saves its cost
-    # on calls already under no_grad (the custom ops' implementations are).
-    if not torch.is_grad_enabled():
+    # Engines run without autograd; entering no_grad only when needed saves its cost on
+    # calls already under no_grad (the custom ops' implementations are) and on calls without
+    # ``out`` whose tensors take no gradient (nothing computed from them records a graph).
+    t = tensors  # (integer sequence lengths take no gradient; a non-tensor is answered False)
+    floating = (t.q, t.k, t.v, t.o, t.lse, t.do, t.bias, t.sinks, t.rope_cos, t.rope_sin)
+    if not torch.is_grad_enabled() or (out is None and not torch._C._any_requires_grad(*floating)):
         return plans.cache.serve(direction, tensors, options, engine, out)
     with torch.no_grad():
         return plans.cache.serve(direction, tensors, options, engine, out)

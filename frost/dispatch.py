@@ -210,7 +210,9 @@ def run(served: Served, tensors: Tensors, out=None, workspace=None):
     passes one with guard regions). Returns ``(o, lse)`` or ``Grads``."""
     result = served.plan.execute(tensors, out=out, workspace=workspace)
     ledger.record(served.decision, served.ledger_keys)
-    return Grads(*result) if served.problem.direction == "backward" else result
+    if type(result) is Grads or served.problem.direction == "forward":
+        return result
+    return Grads(*result)  # an engine's plain tuple
 
 
 def serve(problem: Problem, tensors: Tensors, *, engine: str | None = None, out=None):

@@ -74,10 +74,10 @@ def settings_id(scale, causal, causal_align, window_left, window_right, max_seql
     Raises TypeError for an unhashable value (no valid call has one; ``attention``
     then lets validation name it).
     """
-    key = (scale, causal, causal_align, window_left, window_right, max_seqlen_q, max_seqlen_k, deterministic, engine,
-           bias_grad)  # fmt: skip
+    values = (scale, causal, causal_align, window_left, window_right, max_seqlen_q, max_seqlen_k, deterministic,
+              engine, bias_grad)  # fmt: skip
     # type-tagged: 1 and True hash alike, and validation accepts only one of them
-    key = tuple((type(value), value) for value in key)
+    key = (values, tuple(map(type, values)))
     index = _settings_index.get(key)
     if index is not None:
         return index
@@ -196,17 +196,36 @@ class _Attention(torch.autograd.Function):
         if grad_o.stride(-1) != 1:  # e.g. the stride-0 gradient of o.sum()
             grad_o = grad_o.contiguous()
         if ctx.direct:
-            if torch.is_grad_enabled() and torch._C._any_requires_grad(grad_o, q, k, v, bias, sinks):
-                raise RuntimeError(_NO_DOUBLE_BACKWARD)
-            settings = _settings[ctx.settings]
             tensors = _tensors(q, k, v, bias, sinks, *optional, o=o, lse=lse, do=grad_o)
-            with torch.no_grad():
-                grads = plans.cache.serve_backward_of(ctx.served, ctx.settings, tensors, settings.backward,
-                                                      settings.engine)  # fmt: skip
+            if not torch.is_grad_enabled():  # autograd turns it off unless create_graph=True
+                grads = _direct_backward(ctx, tensors)
+            elif torch._C._any_requires_grad(grad_o, q, k, v, bias, sinks):
+                raise RuntimeError(_NO_DOUBLE_BACKWARD)
+            else:
+                with torch.no_grad():
+                    grads = _direct_backward(ctx, tensors)
             return None, grads.dq, grads.dk, grads.dv, grads.dbias, grads.dsinks, None
         dq, dk, dv, dbias, dsinks = _BACKWARD(grad_o, q, k, v, o, lse, bias, sinks, *optional, ctx.settings)
         dbias = dbias if bias is not None and _settings[ctx.settings].backward.bias_grad else None
         return None, dq, dk, dv, dbias, dsinks if sinks is not None else None, None
+
+
+# Function.apply's Python wrapper, skipped by eager calls (no functorch transform active, which
+# _eager checks): of what it does per call only the unwrapping of dead functorch wrappers
+# (tensors that outlived their transform) applies, and _apply_direct does that itself.
+_apply = super(torch.autograd.Function, _Attention).apply
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def _apply_direct(q, k, v, bias, sinks, rest):
+    bias = bias if bias is None else _unwrap_if_dead(bias)
+    sinks = sinks if sinks is None else _unwrap_if_dead(sinks)
+    return _apply(True, _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v), bias, sinks, rest)
+
+
+def _direct_backward(ctx, tensors: Tensors):
+    settings = _settings[ctx.settings]
+    return plans.cache.serve_backward_of(ctx.served, ctx.settings, tensors, settings.backward, settings.engine)
 
 
 def _forward_autograd(q, k, v, bias, sinks, *rest):
@@ -288,5 +307,5 @@ def attention(
     if not _eager(q, k, v):
         return _FORWARD(q, k, v, bias, sinks, *rest)[0]
     if torch.is_grad_enabled() and torch._C._any_requires_grad(q, k, v, bias, sinks):
-        return _Attention.apply(True, q, k, v, bias, sinks, rest)[0]
+        return _apply_direct(q, k, v, bias, sinks, rest)[0]
     return _forward_kernel(q, k, v, bias, sinks, *rest)[0]

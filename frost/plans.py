@@ -12,7 +12,9 @@ and goes to ``frost.dispatch.run``, with two exceptions:
 - what only values can tell still runs on every call: ``validation.check_values``
   reads seqlens / cu_seqlens on the host, raises the same ValueError the full path
   would, and returns the extents that the values give (for packed input the longest
-  sequence is part of the Problem). The kept plans are keyed by those extents too;
+  sequence is part of the Problem). The kept plans are keyed by those extents too. A
+  dense call without seqlens has no values to read (``validation.reads_no_values``): its
+  extents are its shapes', kept with the signature;
 - ``out=`` is checked on every call that passes it.
 
 Validation lives in ``frost.validation`` only: a signature is remembered only after
@@ -53,25 +55,32 @@ def _tensor_key(x):
 
 def signature(direction: str, t: Tensors, options: Options, engine) -> tuple:
     """The call's signature (see the module docstring); raises ``_Uncacheable``."""
+    # the optional tensors are mostly absent: None is tested inline, without a call
     return (
         direction, engine,
         _tensor_key(t.q), _tensor_key(t.k), _tensor_key(t.v),
-        _tensor_key(t.o), _tensor_key(t.lse), _tensor_key(t.do),
-        _tensor_key(t.seqlens_q), _tensor_key(t.seqlens_k),
-        _tensor_key(t.cu_seqlens_q), _tensor_key(t.cu_seqlens_k),
-        _tensor_key(t.bias), _tensor_key(t.sinks), _tensor_key(t.rope_cos), _tensor_key(t.rope_sin),
-        *[(type(value), value) for value in options],
+        None if t.o is None else _tensor_key(t.o), None if t.lse is None else _tensor_key(t.lse),
+        None if t.do is None else _tensor_key(t.do),
+        None if t.seqlens_q is None else _tensor_key(t.seqlens_q),
+        None if t.seqlens_k is None else _tensor_key(t.seqlens_k),
+        None if t.cu_seqlens_q is None else _tensor_key(t.cu_seqlens_q),
+        None if t.cu_seqlens_k is None else _tensor_key(t.cu_seqlens_k),
+        None if t.bias is None else _tensor_key(t.bias), None if t.sinks is None else _tensor_key(t.sinks),
+        None if t.rope_cos is None else _tensor_key(t.rope_cos),
+        None if t.rope_sin is None else _tensor_key(t.rope_sin),
+        options, tuple(map(type, options)),
     )  # fmt: skip
 
 
 class _Entry:
     """One signature whose full validation passed: its plans by the extents values gave."""
 
-    __slots__ = ("layout", "table", "generation", "served")
+    __slots__ = ("layout", "table", "generation", "served", "fixed")
 
-    def __init__(self, layout: str, table, generation: int):
+    def __init__(self, layout: str, table, generation: int, fixed: validation.Extents | None):
         self.layout, self.table, self.generation = layout, table, generation
         self.served: dict[validation.Extents, dispatch.Served] = {}
+        self.fixed = fixed  # the extents when no value can change them (validation.reads_no_values)
 
     def current(self, direction: str) -> bool:
         return self.table is dispatch.engines(direction) and self.generation == Engine.generation
@@ -118,7 +127,7 @@ class PlanCache:
         except (_Uncacheable, TypeError, RuntimeError):  # unhashable options; a tensor without storage
             key = entry = None
         if entry is not None and entry.current(direction):
-            extents = validation.check_values(entry.layout, tensors, options)
+            extents = entry.fixed or validation.check_values(entry.layout, tensors, options)
             served = entry.lookup(extents)
             if served is not None:
                 self._hits += 1
@@ -132,11 +141,13 @@ class PlanCache:
             raise ValueError(f"{lengths[0]}: a packed or padded call captured in a CUDA graph must first run once "
                              "outside the capture with the same arguments (its plan, and the checks of its "
                              "sequence lengths, are made then)")
+        given = tensors
         problem, tensors, extents = prepare_records(direction, tensors, options)
         out = validation.check_out(direction, out, tensors, options.bias_grad)
         served = dispatch.select(problem, engine=engine)
         if key is not None:
-            self._keep(key, direction, extents, served)
+            fixed = extents if validation.reads_no_values(problem.layout, given) else None
+            self._keep(key, direction, extents, served, fixed)
         return served, tensors, out, key is not None
 
     def serve_backward_of(self, forward: dispatch.Served, settings: int, tensors: Tensors, options: Options,
@@ -169,13 +180,13 @@ class PlanCache:
             followers[key] = (served, table, Engine.generation)
         return dispatch.run(served, tensors)
 
-    def _keep(self, key: tuple, direction: str, extents, served: dispatch.Served) -> None:
+    def _keep(self, key: tuple, direction: str, extents, served: dispatch.Served, fixed) -> None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or not entry.current(direction):
                 if len(self._entries) >= self.capacity:
                     self._entries.pop(next(iter(self._entries)))
-                entry = _Entry(served.problem.layout, dispatch.engines(direction), Engine.generation)
+                entry = _Entry(served.problem.layout, dispatch.engines(direction), Engine.generation, fixed)
                 self._entries[key] = entry
             if len(entry.served) >= self.per_signature:
                 entry.served.clear()

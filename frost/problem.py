@@ -181,6 +181,8 @@ class Problem:
 
 def split_window(window) -> tuple[int, int]:
     """``window`` as two ints, or a ValueError naming it."""
+    if type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int:
+        return window  # the usual form, checked in three C calls (a bool is not ``int`` here either)
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise ValueError(f"window: expected a (left, right) pair of ints, got {window!r}")
     left, right = window

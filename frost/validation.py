@@ -295,6 +295,12 @@ def check_values(layout: str, t: Tensors, options: Options) -> Extents:
     return _dense_values(t) if layout == "bshd" else _packed_values(t, options)
 
 
+def reads_no_values(layout: str, t: Tensors) -> bool:
+    """Whether ``check_values`` would read nothing for such a call: dense, without seqlens. Its
+    extents are then the shapes' (capturing or not), which a signature already fixes."""
+    return layout == "bshd" and t.seqlens_q is None and t.seqlens_k is None
+
+
 def capturing(x: torch.Tensor) -> bool:
     """Whether ``x``'s CUDA stream is being captured into a graph (never on other devices)."""
     return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()

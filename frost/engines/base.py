@@ -151,5 +151,7 @@ def allocate_backward(problem: Problem, tensors: Tensors, *, zero: bool = True) 
     def like(x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else new(x.shape, dtype=x.dtype, device=x.device)
 
+    if problem.bias is None and tensors.sinks is None:
+        return Grads(like(tensors.q), like(tensors.k), like(tensors.v))
     bias = tensors.bias if problem.bias is not None and problem.bias.grad else None  # bias_grad=False: no dbias
     return Grads(like(tensors.q), like(tensors.k), like(tensors.v), like(bias), like(tensors.sinks))

@@ -425,6 +425,9 @@ def _unit_stride_vectors(t: Tensors) -> Tensors:
     """The call's tensors with its 1-D vectors at unit stride: the kernels take them so
     (compile.fake_vector), and a strided view (every other element of a buffer) is legal
     input. They hold a few numbers each, so a copy costs nothing that matters."""
+    if t.sinks is None and t.seqlens_q is None and t.seqlens_k is None and t.cu_seqlens_q is None and (
+            t.cu_seqlens_k is None):
+        return t  # the usual dense call: no vector, tested without a loop
     strided = {}
     for name in _VECTORS:
         x = getattr(t, name)
@@ -553,18 +556,18 @@ class _KeptScratch:
     TOTAL = 64 << 20
     _kept_bytes = 0
 
-    def __init__(self, nbytes: int, carve):
+    def __init__(self, nbytes: int, carve, device_type: str):
         self.nbytes, self._carve = nbytes, carve
+        self.keepable = device_type == "cuda" and nbytes <= self.PER_PLAN
         self.stream = None  # the raw stream handle the kept buffer was last used on
         self.kept = None  # (buffer, its carved views)
 
     def get(self, like: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(a workspace buffer, the chain's views of it) for a call on ``like``'s device."""
-        if like.device.type != "cuda" or self.nbytes > self.PER_PLAN:
+        # a capture comes first: also one on the kept buffer's stream gets a fresh buffer
+        if not self.keepable or torch._C._cuda_isCurrentStreamCapturing():
             return self._fresh(like)
-        if torch.cuda.is_current_stream_capturing():  # first: also a capture on the kept buffer's stream
-            return self._fresh(like)
-        stream = torch._C._cuda_getCurrentRawStream(like.device.index)
+        stream = torch._C._cuda_getCurrentRawStream(like.get_device())
         if self.kept is not None and stream == self.stream:
             return self.kept
         fresh = self._fresh(like)
@@ -605,7 +608,7 @@ class _Sm80BackwardPlan(Plan):
         self._compiled = compiled
         self._workspace = _Workspace(problem, splits, params[0], params[1])
         self.rope = rope  # its rotated q and k lead the workspace
-        self._kept = _KeptScratch(self.workspace_bytes, self._carve)
+        self._kept = _KeptScratch(self.workspace_bytes, self._carve, problem.device_type)
 
     @property
     def workspace_bytes(self) -> int:
@@ -645,7 +648,8 @@ class _Sm80BackwardPlan(Plan):
         )
         if self.rope is not None:  # gradients w.r.t. the unrotated q and k
             self.rope.rotate_back(t, staged[0], staged[1])
-        for kernel_out, given, rows in zip(staged, grads[:3], (t.cu_seqlens_q, t.cu_seqlens_k, t.cu_seqlens_k)):
-            if kernel_out is not given:
-                copy_rows(given, kernel_out, rows)
+        if out is not None:
+            for kernel_out, given, rows in zip(staged, grads[:3], (t.cu_seqlens_q, t.cu_seqlens_k, t.cu_seqlens_k)):
+                if kernel_out is not given:
+                    copy_rows(given, kernel_out, rows)
         return grads

@@ -226,9 +226,10 @@ def test_a_tensor_subclass_goes_through_the_operators(monkeypatch):
     class Marked(torch.Tensor):
         pass
 
-    paths = []
-    apply = frost.ops._Attention.apply
+    paths = []  # True: the direct path (ops._apply_direct), False: Function.apply from the operator
+    apply, apply_direct = frost.ops._Attention.apply, frost.ops._apply_direct
     monkeypatch.setattr(frost.ops._Attention, "apply", lambda direct, *args: paths.append(direct) or apply(direct, *args))
+    monkeypatch.setattr(frost.ops, "_apply_direct", lambda *args: paths.append(True) or apply_direct(*args))
     plain = frost.attention(q, k, v, **keywords)
     marked = frost.attention(q, k.as_subclass(Marked), v, **keywords)
     assert paths == [True, False]

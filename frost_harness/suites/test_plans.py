@@ -150,6 +150,45 @@ def test_dense_padding_values_are_checked_on_a_hit():
 
 
 @pytest.mark.L0
+def test_a_hit_reads_values_only_where_there_are_some(monkeypatch):
+    """A dense call without seqlens has no values to read: its hits skip check_values (the
+    extents are its shapes'); with seqlens, or packed, every hit reads them."""
+    from frost import validation
+
+    reads = []
+    check_values = validation.check_values
+    monkeypatch.setattr(validation, "check_values", lambda *a: reads.append(a[0]) or check_values(*a))
+    q, k, v = _dense()
+    seqlens = torch.tensor([3, 8], dtype=torch.int32)
+    pq, pk, pv, packed = _packed()
+    calls = [lambda: frost.sdpa_forward(q, k, v), lambda: frost.sdpa_forward(q, k, v, seqlens_k=seqlens),
+             lambda: frost.sdpa_forward(pq, pk, pv, **packed)]
+    for call in calls:
+        call()  # a miss: the full validation
+    assert reads == []
+    hits, _ = _counts()
+    first = [call() for call in calls]
+    assert _counts()[0] == hits + 3 and reads == ["bshd", "thd"]
+    for call, before in zip(calls, first):
+        torch.testing.assert_close(call(), before, rtol=0, atol=0)
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("engine", ["torch-sdpa", "unfused"])
+def test_the_functional_api_records_no_graph(engine):
+    """sdpa_forward / sdpa_backward are not differentiable: on inputs that require grad (they
+    then run under no_grad) and on inputs that do not (no_grad skipped), nothing records a graph."""
+    q, k, v = _dense()
+    do = torch.randn(2, 8, 4, 16).to(BF16)
+    for wants_grad in (False, True):
+        q, k, v = (x.detach().requires_grad_(wants_grad) for x in (q, k, v))
+        o, lse = frost.sdpa_forward(q, k, v, causal=True, engine=engine)
+        grads = frost.sdpa_backward(do, q, k, v, o, lse, causal=True)
+        for x in (o, lse, *grads[:3]):
+            assert not x.requires_grad and x.grad_fn is None
+
+
+@pytest.mark.L0
 def test_out_is_checked_on_a_hit():
     q, k, v = _dense()
     frost.sdpa_forward(q, k, v)
