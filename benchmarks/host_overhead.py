@@ -23,7 +23,8 @@ the host time includes the arithmetic itself.
 
 frost's io dtypes are fp16 and bf16, so frost runs bf16; torch runs bf16 and, on
 the CPU, float32 too (frost's CPU engines compute in float32 copies, which that row
-prices). The Markdown table ends with the ratio frost/torch.
+prices). The Markdown table ends with the ratio frost/torch of the medians and the
+median of the per-pair ratios (each frost loop against the torch loop right after it).
 """
 from __future__ import annotations
 
@@ -57,9 +58,12 @@ def _loop_us(fn, device: torch.device, calls: int) -> float:
     return elapsed / calls / 1e3
 
 
-def paired_us(frost_fn, torch_fn, device: torch.device, calls: int, repeats: int, warmup: int) -> tuple[float, float]:
+def paired_us(frost_fn, torch_fn, device: torch.device, calls: int, repeats: int, warmup: int
+              ) -> tuple[float, float, float]:  # fmt: skip
     """Median per-call host times of the two, their loops interleaved so that a noisy
-    neighbour on a shared machine slows both alike."""
+    neighbour on a shared machine slows both alike, and the median of the ratios of each
+    pair of neighbouring loops: a host whose speed drifts during the run (it does, on the
+    GPU machine, by up to 2x between runs) moves both loops of a pair alike."""
     for _ in range(warmup):
         frost_fn()
         torch_fn()
@@ -67,7 +71,8 @@ def paired_us(frost_fn, torch_fn, device: torch.device, calls: int, repeats: int
     for _ in range(repeats):
         frost_samples.append(_loop_us(frost_fn, device, calls))
         torch_samples.append(_loop_us(torch_fn, device, calls))
-    return statistics.median(frost_samples), statistics.median(torch_samples)
+    ratios = [f / t for f, t in zip(frost_samples, torch_samples)]
+    return statistics.median(frost_samples), statistics.median(torch_samples), statistics.median(ratios)
 
 
 def _inputs(device, dtype, *, requires_grad=False, bhsd=False):
@@ -134,18 +139,19 @@ def measure(devices, calls: int, repeats: int, warmup: int) -> list[tuple]:
         dtypes = (torch.bfloat16,) if device.type == "cuda" else (torch.bfloat16, torch.float32)
         for dtype in dtypes:
             for name, torch_fn in torch_calls(device, dtype).items():
-                frost_us, torch_us = paired_us(frost_fns[name], torch_fn, device, calls, repeats, warmup)
-                rows.append((device.type, str(dtype).removeprefix("torch."), name, frost_us, torch_us))
+                frost_us, torch_us, pair_ratio = paired_us(frost_fns[name], torch_fn, device, calls, repeats, warmup)
+                rows.append((device.type, str(dtype).removeprefix("torch."), name, frost_us, torch_us, pair_ratio))
     return rows
 
 
 def table(rows) -> str:
     lines = [
-        "| device | torch dtype | call | frost us | torch us | frost/torch |",
-        "|---|---|---|---|---|---|",
+        "| device | torch dtype | call | frost us | torch us | frost/torch | per pair |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for device, dtype, name, frost_us, torch_us in rows:
-        lines.append(f"| {device} | {dtype} | {name} | {frost_us:.1f} | {torch_us:.1f} | {frost_us / torch_us:.2f} |")
+    for device, dtype, name, frost_us, torch_us, pair_ratio in rows:
+        lines.append(f"| {device} | {dtype} | {name} | {frost_us:.1f} | {torch_us:.1f} | {frost_us / torch_us:.2f} "
+                     f"| {pair_ratio:.2f} |")
     return "\n".join(lines)
 
 

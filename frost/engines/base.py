@@ -134,22 +134,27 @@ class Engine(abc.ABC):
         return f"<{type(self).__name__} {self.name!r} {self.direction}>"
 
 
-def allocate_forward(problem: Problem, *, zero: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def allocate_forward(problem: Problem, *, zero: bool = True, q: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Contiguous ``(o, lse)`` for the problem: zero-filled, or uninitialized with ``zero=False``
-    for a plan that writes every element (packed rows past ``cu_seqlens[-1]`` included)."""
-    new = torch.zeros if zero else torch.empty
-    o = new(problem.o_shape, dtype=problem.dtype, device=problem.device)
-    lse = new(problem.lse_shape, dtype=torch.float32, device=problem.device)
+    for a plan that writes every element (packed rows past ``cu_seqlens[-1]`` included).
+    ``q``, the call's query tensor: o is allocated like it when their shapes agree (head dims
+    equal), which costs the host about a third of a shape, dtype and device given apart."""
+    if q is not None and q.shape[-1] == problem.head_dim_v:
+        o = (torch.zeros_like if zero else torch.empty_like)(q, memory_format=torch.contiguous_format)
+    else:
+        o = (torch.zeros if zero else torch.empty)(problem.o_shape, dtype=problem.dtype, device=problem.device)
+    lse = (torch.zeros if zero else torch.empty)(problem.lse_shape, dtype=torch.float32, device=problem.device)
     return o, lse
 
 
 def allocate_backward(problem: Problem, tensors: Tensors, *, zero: bool = True) -> Grads:
     """Contiguous gradients shaped like their inputs, None where absent: zero-filled, or
     uninitialized with ``zero=False`` for a plan that writes every element."""
-    new = torch.zeros if zero else torch.empty
+    new = torch.zeros_like if zero else torch.empty_like
 
     def like(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else new(x.shape, dtype=x.dtype, device=x.device)
+        return None if x is None else new(x, memory_format=torch.contiguous_format)
 
     if problem.bias is None and tensors.sinks is None:
         return Grads(like(tensors.q), like(tensors.k), like(tensors.v))

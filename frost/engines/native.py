@@ -188,7 +188,7 @@ class _TorchSdpaForwardPlan(Plan):
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         problem = self.problem
         # dense only, and o and lse are copied whole: nothing is left for a zero fill to define
-        o, lse = out if out is not None else allocate_forward(problem, zero=False)
+        o, lse = out if out is not None else allocate_forward(problem, zero=False, q=tensors.q)
         cpu = problem.device_type == "cpu"
         mask_dtype = torch.float32 if cpu else problem.dtype
         mask, dead = _without_dead_rows(_additive_mask(problem, tensors.bias, mask_dtype))
@@ -285,7 +285,7 @@ class _UnfusedForwardPlan(Plan):
     def execute(self, tensors: Tensors, *, out=None, workspace=None):
         problem = self.problem
         # packed rows past cu_seqlens_q[-1] are never written and must read as zeros
-        o, lse = out if out is not None else allocate_forward(problem, zero=problem.layout == "thd")
+        o, lse = out if out is not None else allocate_forward(problem, zero=problem.layout == "thd", q=tensors.q)
         for rows_q, _, _, block in _blocks(problem, tensors):
             o_block, lse_block = unfused_math.forward(problem, block)
             if rows_q is None:

@@ -465,7 +465,7 @@ class _Sm80ForwardPlan(Plan):
                 workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=tensors.q.device)
             tensors = self.rope.rotate(tensors, workspace)
         # dense: the kernel writes every row of o and lse; packed rows past cu_seqlens[-1] must read as zeros
-        o, lse = out if out is not None else allocate_forward(p, zero=p.layout == "thd")
+        o, lse = out if out is not None else allocate_forward(p, zero=p.layout == "thd", q=tensors.q)
         # a caller's o with rows the 16-byte stores cannot address goes through a staging copy
         # (allocate_forward's are aligned and contiguous)
         staged = out is not None and not _vector_aligned(o)

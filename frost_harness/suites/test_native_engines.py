@@ -199,3 +199,24 @@ def test_allocate_zero_keyword_keeps_zero_fill_the_default():
     grads = allocate_backward(problem, tensors, zero=False)
     assert isinstance(grads, frost.Grads) and grads.dq.shape == q.shape and grads.dbias is None
     assert all((g == 0).all() for g in allocate_backward(problem, tensors)[:3])
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("head_dim_v", [8, 12])
+def test_outputs_allocated_like_a_strided_input_are_contiguous(head_dim_v):
+    """o allocated like q (equal head dims) and gradients like their inputs: contiguous, of the
+    problem's shapes and dtypes, however the inputs are strided (here heads-major views)."""
+    from frost.engines.base import allocate_backward, allocate_forward
+    from frost.problem import prepare
+
+    q, k = (torch.randn(1, 2, 6, 8, dtype=BF16).transpose(1, 2) for _ in range(2))
+    v = torch.randn(1, 2, 6, head_dim_v, dtype=BF16).transpose(1, 2)
+    problem, tensors = prepare("forward", q, k, v)
+    for zero in (True, False):
+        o, lse = allocate_forward(problem, zero=zero, q=q)
+        assert (o.shape, o.dtype, o.is_contiguous()) == (torch.Size([1, 6, 2, head_dim_v]), BF16, True)
+        assert (lse.shape, lse.dtype, lse.is_contiguous()) == (torch.Size([1, 2, 6]), torch.float32, True)
+        grads = allocate_backward(problem, tensors, zero=zero)
+        assert [(g.shape, g.dtype, g.is_contiguous()) for g in grads[:3]] == [(x.shape, BF16, True) for x in (q, k, v)]
+        if zero:
+            assert all((x == 0).all() for x in (o, lse, *grads[:3]))
