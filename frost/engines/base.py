@@ -134,18 +134,31 @@ class Engine(abc.ABC):
         return f"<{type(self).__name__} {self.name!r} {self.direction}>"
 
 
-def allocate_forward(problem: Problem, *, zero: bool = True, q: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def allocate_forward(problem: Problem, *, zero: bool = True, q: torch.Tensor | None = None,
+                     lse_like: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Contiguous ``(o, lse)`` for the problem: zero-filled, or uninitialized with ``zero=False``
     for a plan that writes every element (packed rows past ``cu_seqlens[-1]`` included).
-    ``q``, the call's query tensor: o is allocated like it when their shapes agree (head dims
-    equal), which costs the host about a third of a shape, dtype and device given apart."""
+
+    Allocating like a tensor costs the host about half of a shape, dtype and device given
+    apart, so a plan on the hot path passes ``q``, the call's query tensor (o is allocated like
+    it when the head dims agree), and ``lse_like``, its ``lse_template`` of the problem."""
+    new_like = torch.zeros_like if zero else torch.empty_like
+    new = torch.zeros if zero else torch.empty
     if q is not None and q.shape[-1] == problem.head_dim_v:
-        o = (torch.zeros_like if zero else torch.empty_like)(q, memory_format=torch.contiguous_format)
+        o = new_like(q, memory_format=torch.contiguous_format)
     else:
-        o = (torch.zeros if zero else torch.empty)(problem.o_shape, dtype=problem.dtype, device=problem.device)
-    lse = (torch.zeros if zero else torch.empty)(problem.lse_shape, dtype=torch.float32, device=problem.device)
+        o = new(problem.o_shape, dtype=problem.dtype, device=problem.device)
+    if lse_like is not None:
+        lse = new_like(lse_like, memory_format=torch.contiguous_format)
+    else:
+        lse = new(problem.lse_shape, dtype=torch.float32, device=problem.device)
     return o, lse
+
+
+def lse_template(problem: Problem) -> torch.Tensor:
+    """A one-element float32 tensor expanded to the problem's lse shape: ``allocate_forward``'s
+    ``lse_like`` (what a plan keeps holds one float of memory)."""
+    return torch.empty(1, dtype=torch.float32, device=problem.device).expand(problem.lse_shape)
 
 
 def allocate_backward(problem: Problem, tensors: Tensors, *, zero: bool = True) -> Grads:

@@ -28,7 +28,7 @@ import weakref
 
 import torch
 
-from frost.engines.base import Capabilities, Engine, Plan, allocate_backward, allocate_forward
+from frost.engines.base import Capabilities, Engine, Plan, allocate_backward, allocate_forward, lse_template
 from frost.engines.sm80_rope import RopePass, rope_records
 from frost.problem import Grads, Problem, Tensors
 
@@ -451,6 +451,7 @@ class _Sm80ForwardPlan(Plan):
         self.params = params
         self._compiled = compiled
         self.rope = rope
+        self._lse_like = lse_template(problem)
 
     @property
     def workspace_bytes(self) -> int:
@@ -465,7 +466,10 @@ class _Sm80ForwardPlan(Plan):
                 workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=tensors.q.device)
             tensors = self.rope.rotate(tensors, workspace)
         # dense: the kernel writes every row of o and lse; packed rows past cu_seqlens[-1] must read as zeros
-        o, lse = out if out is not None else allocate_forward(p, zero=p.layout == "thd", q=tensors.q)
+        if out is None:
+            o, lse = allocate_forward(p, zero=p.layout == "thd", q=tensors.q, lse_like=self._lse_like)
+        else:
+            o, lse = out
         # a caller's o with rows the 16-byte stores cannot address goes through a staging copy
         # (allocate_forward's are aligned and contiguous)
         staged = out is not None and not _vector_aligned(o)
