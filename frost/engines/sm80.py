@@ -425,8 +425,8 @@ def _unit_stride_vectors(t: Tensors) -> Tensors:
     """The call's tensors with its 1-D vectors at unit stride: the kernels take them so
     (compile.fake_vector), and a strided view (every other element of a buffer) is legal
     input. They hold a few numbers each, so a copy costs nothing that matters."""
-    if t.sinks is None and t.seqlens_q is None and t.seqlens_k is None and t.cu_seqlens_q is None and (
-            t.cu_seqlens_k is None):
+    if (t.sinks is None and t.seqlens_q is None and t.seqlens_k is None and t.cu_seqlens_q is None
+            and t.cu_seqlens_k is None):
         return t  # the usual dense call: no vector, tested without a loop
     strided = {}
     for name in _VECTORS:
