@@ -139,8 +139,9 @@ def forward_heavy_first(problem: Problem, params) -> bool:
     +36% at B4 S2048 Hq8/2 causal (32); -1.5% at B4 S4096 H32 (128), -10% at B16 S1024 H32 (512).
     The wider flavors launch heavy-first under every right-bounded mask: they lost 3-26% without
     it, at 16 to 256 heads. A bias was not measured, so it keeps the plain order."""
-    return (params.flavor == "d64" and params.has_window_right and params.bias_dtype is None
-            and not params.heavy_first and 2 * problem.batch * problem.heads_q <= _problem_sms(problem))
+    from frost.kernels.sm80.space import heavy_first_on_few_heads
+
+    return heavy_first_on_few_heads(params) and 2 * problem.batch * problem.heads_q <= _problem_sms(problem)
 
 
 class Sm80Backward(Engine):

@@ -49,6 +49,14 @@ def _bias_dtype(bias: str | None, dtype: str) -> str | None:
     return dtype if bias == "io" else bias
 
 
+def heavy_first_on_few_heads(params: FwdParams) -> bool:
+    """Whether a forward record launches heavy-first only when the problem has few heads
+    (``engines/sm80.forward_heavy_first`` decides from the head count): the d64 records under a
+    right-bounded mask without a bias, which ``fwd_params_for`` lowers in the plain order."""
+    return (params.flavor == "d64" and params.has_window_right and params.bias_dtype is None
+            and not params.heavy_first)
+
+
 def admitted_fwd_params() -> list[FwdParams]:
     seen: dict[FwdParams, None] = {}
     for dtype, dims, layout, window, bottom_right, sinks, bias in itertools.product(
@@ -61,8 +69,7 @@ def admitted_fwd_params() -> list[FwdParams]:
             bias_dtype=_bias_dtype(bias, dtype),
         )
         seen[params] = None
-        if params.flavor == "d64" and params.has_window_right and params.bias_dtype is None:
-            # few heads: engines/sm80.forward_heavy_first
+        if heavy_first_on_few_heads(params):
             seen[dataclasses.replace(params, heavy_first=True).validate()] = None
     return list(seen)
 
