@@ -95,7 +95,7 @@ def test_two_workers_each_use_their_own_device(tmp_path, capsys):
     assert all((run / name).exists() for name in ("stats.csv", "fuzz.md", "report.html", "routing.md"))
 
     merged = tmp_path / "merged"
-    assert nightly.main(["--merge", str(run), str(run), "--out", str(merged)]) == 0
+    assert nightly.main(["--merge", str(run), str(run), "--out", str(merged)]) == status  # the same verdict
     assert len(pd.read_csv(merged / "cases.csv.gz")) == 2 * len(cases)
 
 

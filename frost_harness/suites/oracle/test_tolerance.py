@@ -10,6 +10,7 @@ baseline element does not void the bound, and ulp is the exact IEEE spacing.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -264,14 +265,15 @@ def test_l2_threshold_counts_only_positions_that_are_not_fixed_zeros():
 
 @pytest.mark.L0
 def test_l2_threshold_leaves_out_positions_where_the_baseline_is_exact():
-    """Rows one-hot in effect give the baseline and an honest engine o = v (or 0) to float32's
-    resolution at the output's scale: they carry no rounding error, so one row's rounding among
+    """Rows one-hot in effect give the baseline and an honest engine o = v (or 0), off the truth
+    by far less than the io dtype's unit: they carry no rounding error, so one row's rounding among
     them stays the few-element case (the CPU nightly's find: unfused at L2 ratio 1.2, its error in
-    one row of 16 of 1,856 elements). An engine that errs there keeps them informative: a
+    one row of 16 of 1,856 elements; CI's fuzz: 1.22 where the other rows sat 1e-5 off). An engine that errs there keeps them informative: a
     systematic error hidden under rule 1 still meets rule 2 where the baseline is exact."""
     gen = torch.Generator().manual_seed(0)
     ref = torch.randn(64, 16, generator=gen, dtype=torch.float64).bfloat16().double()  # v of one-hot rows
-    ref[1:] *= 1 - 1e-30  # the oracle's p just under 1: the baseline's bf16 o is v exactly
+    ref[1:33] *= 1 - 1e-30  # the oracle's p just under 1: the baseline's bf16 o is v exactly
+    ref[33:] *= 1 - 1e-5  # other keys that weigh 1e-5: far above float32's resolution, far below bf16's
     ref[0] *= 0.49901  # one row with p in between: the baseline's P came out as 0.5
     base = ref.bfloat16()
     base[0] = (ref[0] / 0.49901 * 0.5).bfloat16()
@@ -280,7 +282,8 @@ def test_l2_threshold_leaves_out_positions_where_the_baseline_is_exact():
     strict = tolerance.check({"o": engine}, {"o": ref}, {"o": base}, io_dtype=torch.bfloat16, **EVERY_SIZE)["o"]
     assert strict.ratio_max <= 1.0 and strict.ratio_l2 > 1 and not strict.passed, strict.describe()
     judged = tolerance.check({"o": engine}, {"o": ref}, {"o": base}, io_dtype=torch.bfloat16)["o"]
-    assert judged.passed and not judged.l2_applied and "16 < 64 informative" in judged.note, judged.describe()
+    informative = re.search(r"(\d+) < 64 informative", judged.note)
+    assert judged.passed and not judged.l2_applied and int(informative[1]) <= 16, judged.describe()  # row 0's
     biased = (ref * (1 + 4e-3)).bfloat16()  # a systematic 0.4%, inside rule 1's 2 ulp
     verdict = tolerance.check({"o": biased}, {"o": ref}, {"o": base}, io_dtype=torch.bfloat16)["o"]
     assert verdict.ratio_max <= 1.0 and verdict.l2_applied and not verdict.passed, verdict.describe()
