@@ -34,7 +34,8 @@ time through the plan. Deterministic mode's (``--variants det`` times only these
 dQ's turns taken per CTA instead of per warp), ``det_w1`` (the ordered dQ reduced one float at a
 time instead of 4), ``det_shared`` (the shared walk with CTA turns, one float at a time,
 ``Sm80Backward(dq_walk="shared", warp_turns=False, det_reduce_width=1)``: the deterministic
-default of masked problems before the diagonal walk), each with its ``cost``, its time over the
+default of masked problems before the diagonal walk), ``det_sliced`` (the sliced dQ, no turns:
+``Sm80Backward(sliced_dq=True)``), each with its ``cost``, its time over the
 default plan's. The default
 mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time, SM90),
 ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order), ``nosplit`` (GQA
@@ -212,7 +213,8 @@ def forward_variants(default) -> dict:
 
 # deterministic mode's forced engine choices, by column name (``--variants det``)
 DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_w1": dict(det_reduce_width=1), "det_cta": dict(warp_turns=False),
-                "det_shared": dict(dq_walk="shared", warp_turns=False, det_reduce_width=1)}
+                "det_shared": dict(dq_walk="shared", warp_turns=False, det_reduce_width=1),
+                "det_sliced": dict(sliced_dq=True)}
 
 
 def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:

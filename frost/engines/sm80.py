@@ -173,6 +173,9 @@ class Sm80Backward(Engine):
       and fewer, wider ones land sooner (deterministic cost 1-4% lower on the H200, against
       nothing gained in the default mode). For d64 the dQ product comes first in a step
       (``dq_first``): 1.5-2.5% cheaper there, 1-3% dearer for d128 (H200, benchmarks/NOTES.md).
+      ``sliced_dq=True`` takes the sliced dQ instead (sm80/bwd.py, "Sliced dQ": no turns, each CTA
+      reduces into a slice of its own; ``dq_slice_count`` slices, or ``dq_slices`` forced). Off by
+      default until it is measured against the ordered dQ on the H200.
     """
 
     name = "sdpa_bwd_sm80"
@@ -185,7 +188,7 @@ class Sm80Backward(Engine):
                  heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None,
                  dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
-                 bias_staged: bool | None = None):
+                 bias_staged: bool | None = None, sliced_dq: bool = False, dq_slices: int | None = None):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -198,6 +201,8 @@ class Sm80Backward(Engine):
         self.batch_inner = batch_inner
         self.dbias_reduce_width = dbias_reduce_width
         self.bias_staged = bias_staged
+        self.sliced_dq = sliced_dq
+        self.dq_slices = dq_slices  # forces the sliced dQ's count (dq_slice_count otherwise)
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -215,11 +220,12 @@ class Sm80Backward(Engine):
         main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
                                         self.ordered_dq, self.tile_mn, self.dq_walk, self.warp_turns,
                                         self.det_reduce_width, self.batch_inner, self.dbias_reduce_width,
-                                        self.bias_staged)
+                                        self.bias_staged, self.sliced_dq)
         pre = BwdPreParams(
             dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
             accum_tile_m=main.tile_m if main.reduces_dq else 0, dq_counters=main.dq_turn_slots,
+            dq_slices=main.dq_slices,
         )
         last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
         combine = (BwdCombineParams.of(main),) if splits > 1 else ()
@@ -229,8 +235,9 @@ class Sm80Backward(Engine):
         from frost.kernels.sm80 import compile as sm80_compile
 
         records, splits = self._chain(problem)
+        slices = (self.dq_slices or dq_slice_count(problem, records[1], splits)) if records[1].dq_slices else 1
         return _Sm80BackwardPlan(problem, splits, records, tuple(map(sm80_compile.compile_record, records)),
-                                 RopePass.compile(problem))
+                                 RopePass.compile(problem), slices)
 
 
 @functools.lru_cache(maxsize=None)
@@ -280,7 +287,7 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
 def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=None, heavy_first=None,
                      ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
                      warp_turns: bool = False, det_reduce_width: int | None = 1, batch_inner: bool | None = False,
-                     dbias_reduce_width: int | None = 1, bias_staged: bool | None = False):
+                     dbias_reduce_width: int | None = 1, bias_staged: bool | None = False, sliced_dq: bool = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward).
     ``dq_reduce_width`` None: ``default_dq_reduce_width``; ``det_reduce_width`` None: 4 on SM90,
     else 1. For a dbias reduced over broadcast dims, ``batch_inner`` None: ``bias_batch_inner``
@@ -291,7 +298,9 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
     (H200, benchmarks/NOTES.md)."""
     from frost.kernels.sm80.config import bwd_params_for
 
-    if problem.deterministic and ordered_dq:
+    sliced_dq = sliced_dq and problem.deterministic
+    ordered_dq = ordered_dq and not sliced_dq
+    if problem.deterministic and (ordered_dq or sliced_dq):
         dq_reduce_width = det_reduce_width or (4 if _problem_sm90(problem) else 1)
     elif dq_reduce_width is None:
         dq_reduce_width = default_dq_reduce_width(problem)
@@ -300,7 +309,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
         window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
         deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_ordered=ordered_dq,
-        bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
+        dq_slices=sliced_dq, bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
         bias_grad=problem.bias is None or problem.bias.grad,
     )
     if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
@@ -314,7 +323,9 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         walk = ordered_walk(main, math.ceil(problem.seqlen_k / main.tile_n), sms)
     if batch_inner is None:
         batch_inner = heavy_first is None and bias_batch_inner(problem, main)
-    if main.dq_ordered:  # the walk decides the launch order (sm80/order.py)
+    if main.dq_slices:  # the grid's x holds the slices: no other launch order
+        heavy_first, batch_inner = False, False
+    elif main.dq_ordered:  # the walk decides the launch order (sm80/order.py)
         heavy_first = walk == "shared"
     elif heavy_first is None:
         heavy_first = main.has_window_right and not batch_inner and heavy_first_keeps_locality(problem, split, sms)
@@ -397,6 +408,27 @@ def launch_group(problem: Problem, main, splits: int) -> int:
     if key_blocks * problem.heads_kv * splits * problem.batch >= HEAD_AT_A_TIME_WAVES * sms:
         return 0
     return sms // key_blocks
+
+
+# the sliced dQ's most slices: each is a whole fp32 dQ accumulator that bwd_pre zeroes and
+# bwd_convert reads back
+MAX_DQ_SLICES = 8
+
+
+def dq_slice_count(problem: Problem, main, splits: int) -> int:
+    """The sliced dQ's slices (``BwdParams.dq_slices``; 1 without): CTAs per (sequence, kv head,
+    split part), each walking every slices-th key block. The count whose grid comes closest to
+    whole waves of one CTA per SM per unit of work (the main kernel holds one CTA per SM), the
+    smallest of equals, at most MAX_DQ_SLICES and the key blocks."""
+    sms = _problem_sms(problem)
+    heads = max(problem.batch * problem.heads_kv * splits, 1)
+    key_blocks = max(math.ceil(problem.seqlen_k / main.tile_n), 1)
+    best, best_waves = 1, math.ceil(heads / sms)
+    for slices in range(2, min(MAX_DQ_SLICES, key_blocks) + 1):
+        waves = math.ceil(slices * heads / sms) / slices
+        if waves < best_waves:
+            best, best_waves = slices, waves
+    return best
 
 
 def bias_dtype_name(problem: Problem) -> str | None:
@@ -489,7 +521,8 @@ class _Sm80ForwardPlan(Plan):
 
 class _Workspace:
     """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32);
-    the flat fp32 dQ accumulator (default mode; layout in sm80/seqlen.py) and, ordered
+    the flat fp32 dQ accumulator (default mode, and ``slices`` of it for the sliced deterministic
+    dQ; layout in sm80/seqlen.py) and, ordered
     deterministic mode, int32 counters per query block; per-block dsink
     partials (with sinks); fp32 dK / dV partials (split GQA groups); for a broadcast bias
     (kernels/sm80/bias.py) fp32 dbias partials [B, Hq, Sq, Sk] (deterministic mode: 4 bytes per
@@ -498,14 +531,15 @@ class _Workspace:
 
     ALIGN = 256
 
-    def __init__(self, problem: Problem, splits: int, pre, main):
+    def __init__(self, problem: Problem, splits: int, pre, main, slices: int = 1):
         p = problem
         self.parts: list[tuple[str, tuple[int, ...]]] = [("d", p.lse_shape), ("lse2", p.lse_shape)]
-        if main.reduces_dq:
+        if main.reduces_dq:  # sliced dQ: the slices one after another on the head axis (sm80/seqlen.py)
+            heads = p.heads_q * slices
             if p.layout == "thd":
-                accum = (p.heads_q, (p.total_q + p.batch * main.tile_m) * main.tile_hdim_qk)
+                accum = (heads, (p.total_q + p.batch * main.tile_m) * main.tile_hdim_qk)
             else:
-                accum = (p.batch, p.heads_q, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
+                accum = (p.batch, heads, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
             self.parts.append(("dq_accum", accum))
         if main.dq_ordered:  # int32, dq_turn_slots per (sequence, head, query block)
             blocks = math.ceil(p.seqlen_q / main.tile_m)
@@ -605,13 +639,15 @@ _kept_lock = threading.Lock()
 
 
 class _Sm80BackwardPlan(Plan):
-    def __init__(self, problem: Problem, splits: int, params, compiled, rope: RopePass | None = None):
+    def __init__(self, problem: Problem, splits: int, params, compiled, rope: RopePass | None = None,
+                 slices: int = 1):
         super().__init__(problem)
         self.params = params  # (pre, main, convert or deterministic dq)
         self.splits = splits
+        self.slices = slices  # the sliced dQ's (its accumulator's head axis carries the count to the kernels)
         self.launch_group = launch_group(problem, params[1], splits)
         self._compiled = compiled
-        self._workspace = _Workspace(problem, splits, params[0], params[1])
+        self._workspace = _Workspace(problem, splits, params[0], params[1], slices)
         self.rope = rope  # its rotated q and k lead the workspace
         self._kept = _KeptScratch(self.workspace_bytes, self._carve, problem.device_type)
 

@@ -61,6 +61,14 @@ one not yet launched):
   block, the turns go highest key block first, which is the order the walk reaches a block in;
   launched in groups of heads, lowest key block first within a group (``cta_coords``).
 
+Sliced dQ (``dq_slices``, deterministic mode, FlashAttention-2's way): the grid's x holds
+slices, and CTA x walks key blocks x, x + slices, ... of its (sequence, kv head, split part)
+one after another (``key_block_pass``), reducing dQ into slice x of the accumulator, which no
+other CTA touches. A thread reduces into the same addresses in every step, so its adds land in
+program order: fixed fp32 sums with no turns, counters or fences. ``sm80/bwd_pre`` zeroes every
+slice and ``sm80/bwd_convert`` sums them in slice order. The price is the slices' memory (the
+engine keeps them few, ``engines/sm80.dq_slice_count``) and a CTA barrier between key blocks.
+
 Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
 fp32 partials when split). Key rows past Sk_b inside the padded extent are
 written as zeros.
@@ -84,7 +92,8 @@ from cutlass import Float32, Int32, const_expr
 from frost.kernels.sm80 import order, recompute, tiles
 from frost.kernels.sm80.bias import BiasTileCopy, ScoreBias, bias_view, staged_layout
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, dq_accum_slice, heads_of, launch_extents
+from frost.kernels.sm80.seqlen import (SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of,
+                                      launch_extents)
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -102,6 +111,7 @@ TURN_SLOTS = P.dq_turn_slots  # turn counters per query block: one per warp (dq_
 HAS_BIAS = P.bias_dtype is not None
 HAS_DBIAS = P.dbias_dtype is not None  # a bias whose gradient is wanted
 BIAS_STAGED = P.bias_staged  # the bias tile comes through shared memory by cp.async (bias.py)
+SLICED = P.dq_slices  # deterministic: each CTA reduces dQ into a slice of its own, no turns
 
 
 class BwdTensors(NamedTuple):
@@ -174,7 +184,9 @@ def sdpa_bwd(
 
     num_n_blocks, heads_kv, num_batch = launch_extents(mK, mCuSeqlensK, max_seqlen_k, TILE_N, PACKED)
     head_slots = heads_kv * num_splits
-    if const_expr(P.heavy_first):
+    if const_expr(SLICED):  # the accumulator's head axis holds the slices (seqlen.py)
+        grid = [accum_slices(mdQaccum, heads_of(mQ, PACKED), PACKED), head_slots, num_batch]
+    elif const_expr(P.heavy_first):
         grid = [head_slots, num_batch, num_n_blocks]
     elif const_expr(P.batch_inner):
         grid = [num_batch, num_n_blocks, head_slots]
@@ -203,8 +215,6 @@ def bwd_kernel(
     heads_per_cta = group // num_splits
     first_head = head_kv * group + split * heads_per_cta
     mask = AttentionMask.for_sequence(TILE_M, TILE_N, P, seqlen, window_left, window_right, True)
-    m_block_min, m_block_max = mask.m_block_range(n_block)
-    num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
 
     storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
     sK = storage.sK.get_tensor(setup.sK_layout)
@@ -221,6 +231,54 @@ def bwd_kernel(
         # (TILE_M, TILE_N) float32: step i+1's tile is copied once every warp has read step i's
         sBias = storage.sBias.get_tensor(staged_layout(TILE_M, TILE_N))
         bias_copy = BiasTileCopy.create(tidx, sBias, TILE_M, TILE_N, NUM_THREADS)
+    cta = KeyBlockCta(tensors, setup, tidx, step, loads, sBias, bias_copy, mask, seqlen, batch, head_kv, split,
+                      first_head, heads_per_cta, sK, sV, scale, scale_log2)
+    if const_expr(SLICED):
+        # grid x holds the slices: this CTA's key blocks are n_block, n_block + slices, ..., and its
+        # dQ goes to slice n_block of the accumulator (query heads n_block * H.. of its head axis)
+        num_slices = cute.arch.grid_dim()[0]
+        for key_block in cutlass.range(n_block, (seqlen.rows_k + TILE_N - 1) // TILE_N, num_slices, unroll=1):
+            key_block_pass(cta, key_block, n_block * heads_of(mQ, PACKED))
+            cute.arch.barrier()  # every warp is done with sK, sV and the stages before the next loads
+    else:
+        key_block_pass(cta, n_block, 0)
+
+
+class KeyBlockCta(NamedTuple):
+    """What a CTA builds once and each of its key blocks uses (``key_block_pass``)."""
+
+    tensors: BwdTensors
+    setup: BwdSetup
+    tidx: Int32
+    step: "QueryBlockStep"
+    loads: "QdoLoads"
+    sBias: cute.Tensor | None
+    bias_copy: BiasTileCopy | None
+    mask: AttentionMask
+    seqlen: SeqlenInfo
+    batch: Int32
+    head_kv: Int32
+    split: Int32
+    first_head: Int32
+    heads_per_cta: Int32
+    sK: cute.Tensor
+    sV: cute.Tensor
+    scale: Float32
+    scale_log2: Float32
+
+
+@cute.jit
+def key_block_pass(cta: KeyBlockCta, n_block, slice_head):
+    """Key block ``n_block``: K, V resident, every step that sees it (module docstring), then dK
+    and dV stored. ``slice_head``: where this CTA's dQ slice starts on the accumulator's head axis
+    (sliced dQ; 0 otherwise)."""
+    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = cta.tensors
+    setup, tidx, step, loads, seqlen, batch = cta.setup, cta.tidx, cta.step, cta.loads, cta.seqlen, cta.batch
+    sBias, bias_copy, mask, sK, sV = cta.sBias, cta.bias_copy, cta.mask, cta.sK, cta.sV
+    head_kv, split, first_head, heads_per_cta = cta.head_kv, cta.split, cta.first_head, cta.heads_per_cta
+    scale, scale_log2 = cta.scale, cta.scale_log2
+    m_block_min, m_block_max = mask.m_block_range(n_block)
+    num_m_blocks = cutlass.max(m_block_max - m_block_min, 0)
     acc_dK = cute.make_rmem_tensor(step.acc_shape_dK, Float32)
     acc_dV = cute.make_rmem_tensor(step.acc_shape_dV, Float32)
     acc_dK.fill(0.0)
@@ -281,7 +339,8 @@ def bwd_kernel(
             acc_dQ = step.dq_product()
             if const_expr(ORDERED):
                 wait_turn(counter, ordered_turn(mask, n_block, m_block, num_m_blocks), seen, tidx)
-            reduce_dq(acc_dQ, seqlen.dq_accum_chunk(mdQaccum, batch, head, m_block, TILE_M, TILE_HDIM_QK), tidx)
+            accum_head = head + slice_head if const_expr(SLICED) else head
+            reduce_dq(acc_dQ, seqlen.dq_accum_chunk(mdQaccum, batch, accum_head, m_block, TILE_M, TILE_HDIM_QK), tidx)
         if const_expr(P.dq_first):  # the reductions drain under both products (ordered dQ: module docstring)
             step.accumulate_dv(acc_dV, stage)
         step.accumulate_dk(acc_dK, stage)

@@ -6,7 +6,8 @@ reads its fragment values back from the block's chunk in the order
 ``sm80/bwd`` reduced them (``[w*j, w*j + w)`` at ``(j * threads + t) * w``;
 coalesced), scales them by the softmax scale, rounds them to the io dtype
 and sends them through shared memory to 128-bit stores of rows
-``[0, rows_q)``. Dense padded rows come out as zeros: nothing but +-0 was
+``[0, rows_q)``. With ``dq_slices`` (deterministic mode) the block is the
+sum of the accumulator's slices, in slice order. Dense padded rows come out as zeros: nothing but +-0 was
 reduced into them and ``sm80/bwd_pre`` zeroed the chunk. Packed rows past a
 sequence are not written.
 """
@@ -19,7 +20,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, dq_accum_slice, launch_extents
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of, launch_extents
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -27,6 +28,7 @@ TILE_M, NUM_THREADS = P.tile_m, P.num_threads
 TILE_HDIM_QK = P.tile_hdim_qk  # dQ's columns
 PACKED = P.layout == "thd"
 WIDTH = P.dq_reduce_width
+SLICED = P.dq_slices  # the accumulator holds slices, summed here in order (sm80/bwd.py, "Sliced dQ")
 
 
 class ConvertSetup(NamedTuple):
@@ -70,9 +72,13 @@ def convert_kernel(mdQaccum: cute.Tensor, mdQ: cute.Tensor, lengths: SeqlenTenso
         thr_mma = setup.tiled_mma_dq.get_slice(tidx)
         # (frag): this thread's dQ MMA fragment of the (TILE_M, TILE_HDIM_QK) block
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE_M, TILE_HDIM_QK)), Float32)
-        for j in cutlass.range_constexpr(cute.size(acc) // WIDTH):
-            source = cute.make_tensor(dq_accum_slice(chunk, j, tidx, NUM_THREADS, WIDTH), cute.make_layout(WIDTH))
-            cute.make_tensor(acc.iterator + WIDTH * j, cute.make_layout(WIDTH)).store(source.load() * scale)
+        if const_expr(SLICED):
+            sum_slices(acc, mdQaccum, seqlen, batch, head, heads_of(mdQ, PACKED), m_block, tidx)
+            acc.store(acc.load() * scale)
+        else:
+            for j in cutlass.range_constexpr(cute.size(acc) // WIDTH):
+                source = cute.make_tensor(dq_accum_slice(chunk, j, tidx, NUM_THREADS, WIDTH), cute.make_layout(WIDTH))
+                cute.make_tensor(acc.iterator + WIDTH * j, cute.make_layout(WIDTH)).store(source.load() * scale)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sdQ = storage.sdQ.get_tensor(setup.sdQ_layout)
         tiles.stash_acc(setup.tiled_mma_dq, tidx, acc, sdQ, DTYPE)
@@ -80,3 +86,16 @@ def convert_kernel(mdQaccum: cute.Tensor, mdQ: cute.Tensor, lengths: SeqlenTenso
         g_tile = cute.local_tile(seqlen.q_rows(mdQ, batch, head), (TILE_M, TILE_HDIM_QK), (m_block, 0))
         tiles.store_rows(setup.gmem_tiled_copy_store, tidx, sdQ, g_tile, written_rows, mdQ.shape[-1],
                          P.partial_hdim_qk)
+
+
+@cute.jit
+def sum_slices(acc: cute.Tensor, mdQaccum: cute.Tensor, seqlen: SeqlenInfo, batch, head, heads, m_block, tidx):
+    """This thread's fragment of the block, summed over the accumulator's slices in slice order
+    (fixed fp32 sums: deterministic), unscaled."""
+    acc.fill(0.0)
+    for s in cutlass.range(accum_slices(mdQaccum, heads, PACKED), unroll=1):
+        chunk = seqlen.dq_accum_chunk(mdQaccum, batch, head + s * heads, m_block, TILE_M, TILE_HDIM_QK)
+        for j in cutlass.range_constexpr(cute.size(acc) // WIDTH):
+            source = cute.make_tensor(dq_accum_slice(chunk, j, tidx, NUM_THREADS, WIDTH), cute.make_layout(WIDTH))
+            target = cute.make_tensor(acc.iterator + WIDTH * j, cute.make_layout(WIDTH))
+            target.store(target.load() + source.load())

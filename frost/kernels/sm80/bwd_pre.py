@@ -24,7 +24,8 @@ With ``accum_tile_m`` (the default mode) it also zeroes the flat dQ
 accumulator that ``sm80/bwd`` reduces into (layout: ``seqlen.py``): CTA m
 zeroes floats ``[m, m + 1) * tile_m * tile_hdim_qk`` of its (sequence, head)
 slab, coalesced, and the grid covers whole accumulator chunks
-(``BwdPreParams.num_m_blocks``), so no separate memset runs.
+(``BwdPreParams.num_m_blocks``), so no separate memset runs; with
+``dq_slices`` every slice of it (the deterministic mode's sliced dQ).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
-from frost.kernels.sm80.seqlen import SeqlenInfo, launch_extents, SeqlenTensors
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, accum_slices, heads_of, launch_extents
 from frost.kernels.sm80.softmax import LOG2_E
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
@@ -97,7 +98,11 @@ def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
     m_block, head, batch = cute.arch.block_idx()
     # keys are not read here: the query side's lengths stand in for them
     seqlen = SeqlenInfo.create(batch, mO, mO, SeqlenTensors(mCuSeqlensQ, mCuSeqlensQ, mSeqlensQ, mSeqlensQ))
-    if const_expr(ACCUM_TILE_M > 0):
+    if const_expr(P.dq_slices):
+        heads = heads_of(mO, PACKED)
+        for s in cutlass.range(accum_slices(mdQaccum, heads, PACKED), unroll=1):
+            zero_accum_rows(mdQaccum, seqlen, batch, head + s * heads, m_block, tidx)
+    elif const_expr(ACCUM_TILE_M > 0):
         zero_accum_rows(mdQaccum, seqlen, batch, head, m_block, tidx)
     if const_expr(P.dq_counters):
         # dq_counters per accumulator chunk: the chunk's first CTA here zeroes them, a thread each

@@ -189,6 +189,8 @@ class BwdPreParams(_Tiles):
     # also zero the ordered deterministic mode's turn counters, this many per accumulator chunk
     # (one per CTA, or one per warp: BwdParams.dq_turn_slots); 0: none
     dq_counters: int = 0
+    # the accumulator holds slices (BwdParams.dq_slices, a runtime count): zero every one of them
+    dq_slices: bool = False
 
     def num_m_blocks(self, seqlen_q: int) -> int:
         """The grid's query-block extent: whole accumulator chunks when it zeroes them."""
@@ -209,6 +211,8 @@ class BwdPreParams(_Tiles):
             bad(f"dq_counters must be 0..{self.num_threads} (each thread zeroes at most one per chunk)")
         if self.dq_counters and not self.accum_tile_m:
             bad("dq_counters count accumulator chunks: they need accum_tile_m")
+        if self.dq_slices and (self.dq_counters or not self.accum_tile_m):
+            bad("dq_slices zeroes an accumulator's slices (accum_tile_m), which take no turns (dq_counters)")
         return self
 
 
@@ -286,11 +290,15 @@ class BwdParams(_Tiles):
     # a float32 bias tile is copied into shared memory by cp.async a step ahead (sm80/bias.py,
     # BiasTileCopy) instead of read from global memory where the scores need it
     bias_staged: bool = False
+    # deterministic mode without turns: the grid's x holds dQ slices, and CTA x walks key blocks
+    # x, x + slices, ... reducing dQ into slice x of the accumulator, which no other CTA touches;
+    # bwd_convert sums the slices in order (sm80/bwd.py, "Sliced dQ"); the slice count is runtime
+    dq_slices: bool = False
 
     @property
     def reduces_dq(self) -> bool:
         """Whether the main kernel reduces dQ into the flat accumulator (else sm80/bwd_dq computes it)."""
-        return not self.deterministic or self.dq_ordered
+        return not self.deterministic or self.dq_ordered or self.dq_slices
 
     @property
     def dq_turn_slots(self) -> int:
@@ -331,10 +339,12 @@ class BwdParams(_Tiles):
             bad("tile_n must be a multiple of 64 (the swizzle atom of the P and dS tiles)")
         if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
             bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
-        if self.dq_reduce_width > 1 and self.deterministic and not self.dq_ordered:
-            bad("the deterministic mode reduces dQ in the main kernel only in order (dq_ordered)")
-        if self.dq_ordered and not self.deterministic:
-            bad("dq_ordered is a way of the deterministic mode")
+        if self.dq_reduce_width > 1 and not self.reduces_dq:
+            bad("the deterministic mode reduces dQ in the main kernel only in order or in slices")
+        if (self.dq_ordered or self.dq_slices) and not self.deterministic:
+            bad("dq_ordered and dq_slices are ways of the deterministic mode")
+        if self.dq_slices and (self.dq_ordered or self.heavy_first or self.batch_inner):
+            bad("dq_slices launches slices on the grid's x: no ordered walk, heavy_first or batch_inner")
         if self.dq_ordered != (self.dq_walk is not None) or self.dq_walk not in (None, *DQ_WALKS):
             bad(f"dq_walk is one of {DQ_WALKS} with ordered dQ, None without")
         if self.dq_walk == "shared" and not self.heavy_first:
@@ -375,12 +385,12 @@ class BwdParams(_Tiles):
 def bwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
-    split_group: bool = False, dq_ordered: bool = False, bias_dtype: str | None = None,
+    split_group: bool = False, dq_ordered: bool = False, dq_slices: bool = False, bias_dtype: str | None = None,
     bias_broadcast: bool = False, bias_grad: bool = True,
 ) -> BwdParams:
-    """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``
-    and ``split_group`` are the engine's choices per device and per problem size
-    (frost/engines/sm80.py). ``bias_broadcast``: the bias has size 1 where the problem has
+    """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``,
+    ``split_group`` and, deterministic, ``dq_ordered`` or ``dq_slices`` are the engine's choices per
+    device and per problem size (frost/engines/sm80.py). ``bias_broadcast``: the bias has size 1 where the problem has
     several batches or heads, so dbias sums over them (sm80/bias.py says how); ``bias_grad``
     False: no dbias is made.
 
@@ -392,7 +402,8 @@ def bwd_params_for(
     if flavor is None:
         raise ValueError(f"no flavor covers head dims {head_dim_qk}/{head_dim_v}")
     ordered = deterministic and dq_ordered
-    dq_reduce_width = dq_reduce_width if not deterministic or ordered else 1
+    sliced = deterministic and dq_slices and not ordered
+    dq_reduce_width = dq_reduce_width if not deterministic or ordered or sliced else 1
     tile_qk, tile_v = FLAVORS[flavor]
     tile_m, tile_n, warps_m_sdp, warps_n_dkv, warps_m_dq = BWD_TILES[flavor]
     return BwdParams(
@@ -404,7 +415,8 @@ def bwd_params_for(
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
         dq_reduce_width=dq_reduce_width, split_group=split_group, dq_ordered=ordered, heavy_first=ordered,
         dq_walk="shared" if ordered else None,
-        dq_first=flavor == "d64" and (ordered or (not deterministic and dq_reduce_width == 4)),
+        dq_slices=sliced,
+        dq_first=flavor == "d64" and (ordered or sliced or (not deterministic and dq_reduce_width == 4)),
         **dbias_fields(bias_dtype, bias_broadcast, deterministic, bias_grad),
     ).validate()
 
@@ -449,12 +461,13 @@ class BwdConvertParams(_Tiles):
     num_warps: int
     warps_m_dq: int
     dq_reduce_width: int
+    dq_slices: bool = False  # sum the accumulator's slices in order (BwdParams.dq_slices)
 
     @classmethod
     def of(cls, bwd: "BwdParams") -> "BwdConvertParams":
         return cls(dtype=bwd.dtype, flavor=bwd.flavor, partial_hdim_qk=bwd.partial_hdim_qk, layout=bwd.layout,
                    tile_m=bwd.tile_m, num_warps=bwd.num_warps, warps_m_dq=bwd.warps_m_dq,
-                   dq_reduce_width=bwd.dq_reduce_width)
+                   dq_reduce_width=bwd.dq_reduce_width, dq_slices=bwd.dq_slices)
 
     def validate(self) -> "BwdConvertParams":
         bad = _checker(self)

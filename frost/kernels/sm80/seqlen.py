@@ -11,7 +11,8 @@ floats each, ``tile_hdim`` the flavor's Q/K tile, in the dQ MMA fragment's
 register order, see sm80/bwd.py): dense ``[B, H, ceil(S / tile_m) * chunk]``;
 packed ``[H, (T + B * tile_m) * tile_hdim]`` with sequence b's slab at row
 ``cu_seqlens_q[b] + b * tile_m``, so each sequence's last chunk has room to
-run past its end.
+run past its end. With sliced dQ (deterministic mode) the head axis holds
+the slices one after another: slice s of head h is head ``h + s * H``.
 """
 from __future__ import annotations
 
@@ -43,6 +44,12 @@ def launch_extents(mX: cute.Tensor, cu_seqlens: cute.Tensor | None, max_seqlen, 
 
 def heads_of(mX: cute.Tensor, packed: bool):
     return mX.shape[1] if const_expr(packed) else mX.shape[2]
+
+
+def accum_slices(mAcc: cute.Tensor, heads, packed: bool):
+    """How many slices of ``heads`` heads the flat dQ accumulator's head axis holds (sliced dQ,
+    module docstring)."""
+    return (mAcc.shape[0] if const_expr(packed) else mAcc.shape[1]) // heads
 
 
 @dataclass(frozen=True)

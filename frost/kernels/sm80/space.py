@@ -79,9 +79,11 @@ def admitted_bwd_params() -> list:
     bwd_dq, and bwd_combine for split groups), as ``frost.engines.sm80.backward_choices`` can
     produce them."""
     seen: dict = {}
-    # det, width, walk (ordered dQ), warp turns; each walk only where engines/sm80.ordered_walk takes it
+    # det, width, walk (ordered dQ; "sliced": the sliced dQ), warp turns; each walk only where
+    # engines/sm80.ordered_walk takes it
     ordered = tuple((True, width, walk, turns) for width in (1, 4) for walk in DQ_WALKS for turns in (False, True))
-    modes = ((False, 1, None, False), (False, 4, None, False), (True, 1, None, False), *ordered)
+    sliced = tuple((True, width, "sliced", False) for width in (1, 4))
+    modes = ((False, 1, None, False), (False, 4, None, False), (True, 1, None, False), *ordered, *sliced)
     # (dtype, broadcast, gradient wanted); without a gradient the broadcast changes no code
     biases = ((None, False, True), ("float32", False, True), ("float32", True, True), ("io", False, True),
               ("io", True, True), ("float32", False, False), ("io", False, False))
@@ -92,24 +94,26 @@ def admitted_bwd_params() -> list:
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
-            dq_reduce_width=width, dq_ordered=walk is not None, bias_dtype=_bias_dtype(bias[0], dtype),
-            bias_broadcast=bias[1], bias_grad=bias[2],
+            dq_reduce_width=width, dq_ordered=walk in DQ_WALKS, dq_slices=walk == "sliced",
+            bias_dtype=_bias_dtype(bias[0], dtype), bias_broadcast=bias[1], bias_grad=bias[2],
         )
+        walk = main.dq_walk if walk == "sliced" else walk
         unmasked = not (main.has_window_left or main.has_window_right)
         if (walk == "rotated" and not unmasked) or (walk == "diagonal" and not main.has_window_right):
             continue
         for bias_way in _bias_ways(main):
-            # the launch order as engines/sm80.backward_choices: the walk's, or heavy-first for a
-            # right-bounded mask with few heads (heavy_first_keeps_locality) and plain with many
+            # the launch order as engines/sm80.backward_choices: the walk's, the slices', or heavy-first
+            # for a right-bounded mask with few heads (heavy_first_keeps_locality) and plain with many
             orders = (walk == "shared",) if walk is not None else (
-                (False, True) if main.has_window_right and not bias_way["batch_inner"] else (False,))
+                (False, True) if main.has_window_right and not bias_way["batch_inner"] and not main.dq_slices
+                else (False,))
             for heavy_first in orders:
                 record = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
                                              dq_warp_turns=turns, **bias_way).validate()
                 seen[record] = None
         seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
                           has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,
-                          dq_counters=main.dq_turn_slots)] = None
+                          dq_counters=main.dq_turn_slots, dq_slices=main.dq_slices)] = None
         seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
         if split:
             seen[BwdCombineParams.of(main)] = None

@@ -56,6 +56,9 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     assert {p.split_group for p in mains} == {False, True}
     assert {p.heavy_first for p in mains} == {False, True}
     assert {p.dq_ordered for p in mains} == {False, True}
+    assert {p.dq_slices for p in mains} == {False, True}
+    for kind in (BwdPreParams, BwdConvertParams):  # they zero and sum the slices
+        assert {p.dq_slices for p in ALL if isinstance(p, kind)} == {False, True}
     # a bias in each dtype; dbias stored in it, as fp32 partials, or reduced into fp32
     assert {(p.bias_dtype == p.dtype, p.dbias_dtype, p.dbias_reduce) for p in mains if p.bias_dtype} == {
         (False, "float32", False), (False, "float32", True), (True, "float16", False), (True, "bfloat16", False),
@@ -179,6 +182,48 @@ def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
         dataclasses.replace(main, dq_walk=None).validate()
     with pytest.raises(ValueError, match="dq_walk"):
         Sm80Backward(dq_walk="diagonal")
+
+
+@pytest.mark.L0
+def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
+    """``Sm80Backward(sliced_dq=True)``: the deterministic chain is bwd_pre zeroing every slice,
+    the main kernel reducing into its own slice (no turns, no launch order of its own) and
+    bwd_convert summing them; the accumulator's head axis holds the slices (``dq_slice_count``,
+    or a forced ``dq_slices``); the default mode ignores the option."""
+    from frost.engines.sm80 import MAX_DQ_SLICES, dq_slice_count
+
+    q = torch.randn(2, 1000, 8, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 1000, 8, 64, dtype=torch.bfloat16)
+
+    def problem(deterministic=True, **keywords):
+        return Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 1000), do=q, causal=True,
+                                 deterministic=deterministic, **keywords)
+
+    sliced = Sm80Backward(sliced_dq=True).compile(problem())
+    pre, main, last = sliced.params
+    assert main.dq_slices and main.reduces_dq and not (main.dq_ordered or main.heavy_first or main.dq_warp_turns)
+    assert pre.dq_slices and pre.accum_tile_m == main.tile_m and pre.dq_counters == 0
+    assert isinstance(last, BwdConvertParams) and last.dq_slices
+    assert main.dq_reduce_width == 4 and main.dq_first  # off a GPU the plan is an SM90's; d64: dQ first
+    # 2 x 8 heads of 8 key blocks on 132 SMs: 8 slices (128 CTAs), one key block each
+    assert sliced.slices == 8 == dq_slice_count(problem(), main, 1)
+    accum = sliced._workspace.carve(torch.empty(sliced.workspace_bytes, dtype=torch.uint8))["dq_accum"]
+    assert accum.shape == (2, 8 * 8, 8 * main.dq_chunk)
+    forced = Sm80Backward(sliced_dq=True, dq_slices=3).compile(problem())
+    assert forced.slices == 3 and forced._workspace.carve(
+        torch.empty(forced.workspace_bytes, dtype=torch.uint8))["dq_accum"].shape[1] == 3 * 8
+    assert not Sm80Backward(sliced_dq=True).compile(problem(deterministic=False)).params[1].dq_slices
+    # many heads: one slice, each CTA walks all its key blocks; never more than MAX_DQ_SLICES
+    many = Problem.from_call("backward", *(torch.randn(16, 1000, 32, 64, dtype=torch.bfloat16),) * 3,
+                             o=torch.randn(16, 1000, 32, 64, dtype=torch.bfloat16), lse=torch.zeros(16, 32, 1000),
+                             do=torch.randn(16, 1000, 32, 64, dtype=torch.bfloat16), deterministic=True)
+    assert dq_slice_count(many, main, 1) == 1 and 1 < MAX_DQ_SLICES <= 8
+    for bad, match in ((dict(dq_ordered=True, dq_walk="shared", heavy_first=True), "dq_slices launches"),
+                       (dict(batch_inner=True), "dq_slices launches"), (dict(deterministic=False), "dq_slices")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(main, **bad).validate()
+    with pytest.raises(ValueError, match="dq_slices zeroes"):
+        dataclasses.replace(pre, dq_counters=1).validate()
 
 
 @pytest.mark.L0
