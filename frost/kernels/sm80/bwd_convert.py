@@ -7,9 +7,9 @@ reads its fragment values back from the block's chunk in the order
 coalesced), scales them by the softmax scale, rounds them to the io dtype
 and sends them through shared memory to 128-bit stores of rows
 ``[0, rows_q)``. With ``dq_slices`` (deterministic mode) the block is the
-sum of the accumulator's slices, in slice order. Dense padded rows come out as zeros: nothing but +-0 was
-reduced into them and ``sm80/bwd_pre`` zeroed the chunk. Packed rows past a
-sequence are not written.
+sum of the accumulator's slices, in slice order. Dense padded rows come out
+as zeros: nothing but +-0 was reduced into them and ``sm80/bwd_pre`` zeroed
+the chunk. Packed rows past a sequence are not written.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of, launch_extents
+from frost.kernels.sm80.seqlen import (SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of,
+                                      launch_extents)
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]

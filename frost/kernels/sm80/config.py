@@ -390,9 +390,9 @@ def bwd_params_for(
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``,
     ``split_group`` and, deterministic, ``dq_ordered`` or ``dq_slices`` are the engine's choices per
-    device and per problem size (frost/engines/sm80.py). ``bias_broadcast``: the bias has size 1 where the problem has
-    several batches or heads, so dbias sums over them (sm80/bias.py says how); ``bias_grad``
-    False: no dbias is made.
+    device and per problem size (frost/engines/sm80.py). ``bias_broadcast``: the bias has size 1
+    where the problem has several batches or heads, so dbias sums over them (sm80/bias.py says
+    how); ``bias_grad`` False: no dbias is made.
 
     d64 issues the dQ product first (``dq_first``) with the ordered dQ and with 4-float
     reductions, the two ways whose reductions it pays to start early. Measured on the H200

@@ -97,7 +97,7 @@ def admitted_bwd_params() -> list:
             dq_reduce_width=width, dq_ordered=walk in DQ_WALKS, dq_slices=walk == "sliced",
             bias_dtype=_bias_dtype(bias[0], dtype), bias_broadcast=bias[1], bias_grad=bias[2],
         )
-        walk = main.dq_walk if walk == "sliced" else walk
+        walk = None if walk == "sliced" else walk  # the sliced dQ walks no turns
         unmasked = not (main.has_window_left or main.has_window_right)
         if (walk == "rotated" and not unmasked) or (walk == "diagonal" and not main.has_window_right):
             continue
