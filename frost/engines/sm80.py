@@ -25,6 +25,7 @@ import importlib.util
 import math
 import threading
 import weakref
+from fractions import Fraction
 
 import torch
 
@@ -316,7 +317,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)
     sms = _problem_sms(problem)
     if split is None:
-        split = group_split(problem, main.tile_n, sms)
+        split = sliced_group_split(problem, main) if main.dq_slices else group_split(problem, main.tile_n, sms)
     split = math.gcd(split, problem.heads_q // problem.heads_kv)  # a forced count must divide the group
     walk = main.dq_walk
     if main.dq_ordered and dq_walk != "shared":
@@ -415,20 +416,35 @@ def launch_group(problem: Problem, main, splits: int) -> int:
 MAX_DQ_SLICES = 8
 
 
+def _sliced_cost(problem: Problem, splits: int, slices: int, sms: int) -> tuple[Fraction, int]:
+    """(waves per unit of work, scratch) of the sliced dQ's grid with ``splits`` parts of each GQA
+    group and ``slices`` slices: a CTA does 1 / (splits * slices) of its (sequence, kv head)'s
+    work, one CTA per SM (the main kernel's residency); scratch in units of one fp32 K-sized
+    tensor, of which a dQ slice takes the group's size and a split the dK and dV partials."""
+    group = problem.heads_q // problem.heads_kv
+    ctas = problem.batch * problem.heads_kv * splits * slices
+    waves = Fraction(math.ceil(ctas / sms), splits * slices)
+    return waves, slices * group + (2 * splits if splits > 1 else 0)
+
+
 def dq_slice_count(problem: Problem, main, splits: int) -> int:
-    """The sliced dQ's slices (``BwdParams.dq_slices``; 1 without): CTAs per (sequence, kv head,
-    split part), each walking every slices-th key block. The count whose grid comes closest to
-    whole waves of one CTA per SM per unit of work (the main kernel holds one CTA per SM), the
-    smallest of equals, at most MAX_DQ_SLICES and the key blocks."""
+    """The sliced dQ's slices (``BwdParams.dq_slices``): CTAs per (sequence, kv head, split part),
+    each walking every slices-th key block. The count of the fewest waves per unit of work, then
+    the least scratch (``_sliced_cost``), at most MAX_DQ_SLICES and the key blocks."""
     sms = _problem_sms(problem)
-    heads = max(problem.batch * problem.heads_kv * splits, 1)
     key_blocks = max(math.ceil(problem.seqlen_k / main.tile_n), 1)
-    best, best_waves = 1, math.ceil(heads / sms)
-    for slices in range(2, min(MAX_DQ_SLICES, key_blocks) + 1):
-        waves = math.ceil(slices * heads / sms) / slices
-        if waves < best_waves:
-            best, best_waves = slices, waves
-    return best
+    return min(range(1, min(MAX_DQ_SLICES, key_blocks) + 1), key=lambda n: _sliced_cost(problem, splits, n, sms))
+
+
+def sliced_group_split(problem: Problem, main) -> int:
+    """The GQA split for the sliced dQ, chosen with its slices (``dq_slice_count``): the divisor of
+    the group whose grid has the fewest waves per unit of work, then the least scratch. Splitting
+    a group costs two K-sized partials; a slice costs the group's size, so a wide group splits
+    before it slices (Hq32/Hkv8 B2 S4096: split 4 and 2 slices, 16 units, against 32 for 8 slices)."""
+    group = problem.heads_q // problem.heads_kv
+    sms = _problem_sms(problem)
+    return min((n for n in range(1, group + 1) if group % n == 0),
+               key=lambda n: _sliced_cost(problem, n, dq_slice_count(problem, main, n), sms))
 
 
 def bias_dtype_name(problem: Problem) -> str | None:

@@ -218,6 +218,15 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
                              o=torch.randn(16, 1000, 32, 64, dtype=torch.bfloat16), lse=torch.zeros(16, 32, 1000),
                              do=torch.randn(16, 1000, 32, 64, dtype=torch.bfloat16), deterministic=True)
     assert dq_slice_count(many, main, 1) == 1 and 1 < MAX_DQ_SLICES <= 8
+    for heads, want in (((32, 8), (4, 2)), ((8, 1), (8, 8)), ((16, 16), (1, 4))):  # B2 S4096 d128 causal
+        gqa = Problem.from_call("backward", torch.empty(2, 4096, heads[0], 128, dtype=torch.bfloat16),
+                                *(torch.empty(2, 4096, heads[1], 128, dtype=torch.bfloat16),) * 2,
+                                o=torch.empty(2, 4096, heads[0], 128, dtype=torch.bfloat16),
+                                lse=torch.zeros(2, heads[0], 4096), do=torch.empty(2, 4096, heads[0], 128,
+                                dtype=torch.bfloat16), causal=True, deterministic=True)  # fmt: skip
+        records, splits = Sm80Backward(sliced_dq=True)._chain(gqa)
+        # a group splits before it slices: a slice costs the group's size in scratch, a split two partials
+        assert (splits, dq_slice_count(gqa, records[1], splits)) == want, heads
     for bad, match in ((dict(dq_ordered=True, dq_walk="shared", heavy_first=True), "dq_slices launches"),
                        (dict(batch_inner=True), "dq_slices launches"), (dict(deterministic=False), "dq_slices")):
         with pytest.raises(ValueError, match=match):
