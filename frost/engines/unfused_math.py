@@ -3,9 +3,14 @@
 A block is B sequences of equal (padded) extents with all their heads: the whole of a
 dense call, or one packed sequence (B = 1) of a THD call. The logits S and dP come
 from fp32 matmuls of the exactly upcast io operands (q and k rotated by RoPE in fp32
-and kept there), and softmax, lse, D and dS are fp32. The products that yield an
-output run in the io dtype as a kernel's would: P and dS are rounded to it for P.V,
-dS.K, dS^T.Q and P^T.dO (fp32 accumulation inside torch). Rounding S, dP or the
+and kept there), and softmax, lse, D and dS are fp32. The forward's P.V runs in the io
+dtype as a kernel's would (P rounded to it, fp32 accumulation inside torch). The
+backward's products dS.K, dS^T.Q and P^T.dO take fp32 dS and P and upcast operands, and
+round once at the end: rounded to the io dtype first, dS loses 2^-9 of itself (bf16),
+and where the products cancel (two keys of nearly equal weight whose k rows nearly agree)
+that is many times dq (the CPU fuzz of 2026-12-04: bf16, head dim 1, 4 keys, dq 8.7% off,
+13 times the same-precision baseline's worst error, all of it that rounding of the exact
+dS). Rounding S, dP or the
 rotated q and k to the io dtype costs accuracy the acceptance rule notices: with
 ``window=(0, 0)`` (p = 1) dS must vanish and a bf16 dP leaves it at dP's rounding
 error; bf16-rounded rotated q and k put a relative error of about 1e-3 into dsinks
@@ -94,18 +99,20 @@ def backward(problem: Problem, block: Block, do: torch.Tensor) -> BlockGrads:
     if block.sinks is not None:
         sink_weight = torch.where(torch.isfinite(lse), torch.exp(block.sinks.view(1, -1, 1, 1) - lse), 0.0)
     ds = _centered_ds(p, dp, sink_weight)
-    # A wide scale multiplies after the products (and RoPE's rotation back): scaled first,
-    # dS would overflow the io dtype and its infinities meet as inf - inf = NaN.
-    ds_kv = _by_kv_head((ds if wide else ds * problem.scale).to(io), group)  # [B, Hkv, G*Sq, Sk]
-    out = torch.float32 if wide else io
-    dq = (ds_kv @ _heads_first(k.to(io))).to(out).view(batch, heads_q, seqlen_q, k.shape[-1]).transpose(1, 2)
-    dk = (ds_kv.transpose(-1, -2) @ _by_kv_head(_heads_first(q.to(io)), group)).to(out).transpose(1, 2)
-    dv = (_by_kv_head(p.to(io), group).transpose(-1, -2) @ do_kv).transpose(1, 2)
+    # The gradient products take dS and P as computed (fp32; float64 for wide logits) and upcast
+    # operands, rounded to the io dtype once at the end (module docstring). A wide scale multiplies
+    # after the products (and RoPE's rotation back): scaled first, dS would overflow.
+    work = ds.dtype
+    ds_kv = _by_kv_head(ds if wide else ds * problem.scale, group)  # [B, Hkv, G*Sq, Sk]
+    dq = (ds_kv @ _heads_first(k.to(work))).view(batch, heads_q, seqlen_q, k.shape[-1]).transpose(1, 2)
+    dk = (ds_kv.transpose(-1, -2) @ _by_kv_head(_heads_first(q.to(work)), group)).transpose(1, 2)
+    dv = (_by_kv_head(p, group).transpose(-1, -2) @ do_kv.to(work)).transpose(1, 2).to(io)
     if block.rope_cos is not None:
-        dq = _rotate(dq, block.rope_cos, -block.rope_sin).to(out)
-        dk = _rotate(dk, block.rope_cos, -block.rope_sin).to(out)
+        dq = _rotate(dq, block.rope_cos, -block.rope_sin)
+        dk = _rotate(dk, block.rope_cos, -block.rope_sin)
     if wide:
-        dq, dk = (dq * problem.scale).to(io), (dk * problem.scale).to(io)
+        dq, dk = dq * problem.scale, dk * problem.scale
+    dq, dk = dq.to(io), dk.to(io)
     dbias = None if block.bias is None or not problem.bias.grad else _sum_to(ds, block.bias.shape)
     dsinks = None if sink_weight is None else -(sink_weight * delta).sum(dim=(0, 2, 3))
     return BlockGrads(dq, dk, dv, dbias, dsinks)

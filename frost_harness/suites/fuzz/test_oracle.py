@@ -88,6 +88,10 @@ def test_forward_matches_oracle(case):
                    head_dim_qk=5, head_dim_v=32, causal_align="bottom_right", window=(0, 0), bias="BH", sinks=True,
                    scale=0.3, dtype=torch.float16, bias_dtype=torch.float16, bias_holes=True, bias_scale=4.0,
                    sink_scale=20.0, logit_scale=4.0, seed=212))
+# CPU fuzz of 2026-12-04 (seed 1): two keys of nearly equal weight whose k rows nearly agree, so dq
+# cancels to 1/15 of its terms; unfused rounded dS to bf16 before dS.K: dq 1.79x rule 1 (unfused_math.py)
+@example(case=Case(batch=3, seqlen_q=1, seqlen_k=7, heads_q=4, heads_kv=1, head_dim_qk=1, head_dim_v=1, window=(3, 3),
+                   dtype=torch.bfloat16, logit_scale=16.0, seed=384))
 # the same night: peaked fp16 rows (scale -2), where torch's CPU flash backward takes D from the
 # given o: dq 4x the baseline's L2 error, all of it what that o costs (operand_slack.py). On a host
 # with AVX512-FP16 (2026-12-04: an Intel Xeon with avx512_fp16 and AMX) torch's kernel does worse on
