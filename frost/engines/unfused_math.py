@@ -92,8 +92,8 @@ def backward(problem: Problem, block: Block, do: torch.Tensor) -> BlockGrads:
     wide = s.dtype == torch.float64  # logits beyond float32's reach (``_wide_logits``)
     p, lse = _softmax(problem, block, s)
     lse = lse.unsqueeze(-1)
-    do_kv = _by_kv_head(_heads_first(do), group)  # [B, Hkv, G*Sq, Dv]
-    dp = (do_kv.float() @ _heads_first(block.v).float().transpose(-1, -2)).view(batch, heads_q, seqlen_q, seqlen_k)
+    do_kv = _by_kv_head(_heads_first(do), group).float()  # [B, Hkv, G*Sq, Dv]: dP's and dV's operand
+    dp = (do_kv @ _heads_first(block.v).float().transpose(-1, -2)).view(batch, heads_q, seqlen_q, seqlen_k)
     delta = (p * dp).sum(dim=-1, keepdim=True)  # D: [B, Hq, Sq, 1]
     sink_weight = None
     if block.sinks is not None:
