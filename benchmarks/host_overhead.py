@@ -22,8 +22,8 @@ the figure is host time (what the CPU spends per call), not kernel time. On a CP
 the host time includes the arithmetic itself.
 
 frost's io dtypes are fp16 and bf16, so frost runs bf16; torch runs bf16 and, on
-the CPU, float32 too (frost's CPU engines compute in float32 copies, which that row
-prices). The Markdown table ends with the ratio frost/torch of the medians and the
+the CPU, float32 too (frost's CPU backward computes in float32 copies, and so does its
+forward on a CPU without bf16 dot products, which that row prices). The Markdown table ends with the ratio frost/torch of the medians and the
 median of the per-pair ratios (each frost loop against the torch loop right after it).
 """
 from __future__ import annotations

@@ -220,3 +220,58 @@ def test_outputs_allocated_like_a_strided_input_are_contiguous(head_dim_v):
         assert [(g.shape, g.dtype, g.is_contiguous()) for g in grads[:3]] == [(x.shape, BF16, True) for x in (q, k, v)]
         if zero:
             assert all((x == 0).all() for x in (o, lse, *grads[:3]))
+
+
+# torch-sdpa's CPU bf16 forward has two routes (frost.engines.native): the kernel on the bf16
+# inputs (hosts with bf16 dot products) with the lse rows its fast exponential leaves outside the
+# rule recomputed, or the kernel on float32 copies. Both run here whatever this host has. Small
+# logits put lse rows near 0 (a causal row 0 sees one key; one key per row puts every |lse| below 1).
+ROUTE_CASES = [  # each with whether its lse has rows near 0
+    (Case(name="route-gqa", heads_q=4, heads_kv=2), False),
+    (Case(name="route-causal-small-logits", causal=True, logit_scale=0.01, seqlen_q=40, seqlen_k=40), True),
+    (Case(name="route-one-key-small-logits", seqlen_q=24, seqlen_k=1, logit_scale=0.01), True),
+    (Case(name="route-bias-holes-one-key", bias="11", bias_holes=True, bias_scale=0.01, logit_scale=0.01,
+          seqlen_q=24, seqlen_k=1, heads_q=4, heads_kv=2), True),  # fmt: skip
+    (Case(name="route-bottom-right-small-logits", causal=True, causal_align="bottom_right", seqlen_q=16,
+          seqlen_k=16, logit_scale=0.01), True),  # fmt: skip
+    (Case(name="route-bottom-right", causal=True, causal_align="bottom_right", seqlen_q=16, seqlen_k=40), False),
+]
+ROUTES = {  # name: (the kernel on bf16 inputs, at most this many key elements gathered to recompute lse rows)
+    "float32-copies": (False, None),
+    "bf16": (True, None),
+    "bf16-rerun-float32": (True, 0),
+}
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("route", list(ROUTES))
+@pytest.mark.parametrize(("case", "rows_near_0"), ROUTE_CASES, ids=[case.id for case, _ in ROUTE_CASES])
+def test_torch_sdpa_cpu_bf16_routes_match_oracle(case, rows_near_0, route, monkeypatch):
+    import frost
+    from frost.engines import native
+    from frost_harness.suites.harness import make_inputs
+
+    direct, gather_limit = ROUTES[route]
+    monkeypatch.setattr(native, "CPU_NATIVE_BF16", direct)
+    if gather_limit is not None:
+        monkeypatch.setattr(native, "_EXACT_ROWS_GATHER", gather_limit)
+    repaired = []
+    exact_rows = native._exact_lse_rows
+
+    def spy(lse, *args):
+        out = exact_rows(lse, *args)
+        repaired.append(out is None or not torch.equal(out, lse))
+        return out
+
+    monkeypatch.setattr(native, "_exact_lse_rows", spy)
+    result = check(case, engine="torch-sdpa", directions=("forward",))
+    assert result.passed, result.describe()
+    assert result.decisions["forward"].engine == "torch-sdpa"
+    # rows near 0 are recomputed on the bf16 routes; the copies never call the repair
+    assert repaired == ([] if not direct else [rows_near_0])
+    inputs = make_inputs(case)  # fresh outputs (out=None) equal those written into out=
+    o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords, engine="torch-sdpa")
+    out = (torch.full_like(o, float("nan")), torch.full_like(lse, float("nan")))
+    frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords, engine="torch-sdpa", out=out)
+    torch.testing.assert_close(out, (o, lse), rtol=0, atol=0)
+    assert o.is_contiguous() and lse.is_contiguous() and o.dtype == BF16 and lse.dtype == torch.float32
