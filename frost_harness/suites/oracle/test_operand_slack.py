@@ -1,5 +1,5 @@
 """The allowance for a problem's io-dtype operands (frost_harness/oracle/operand_slack.py): RoPE's
-rounded rotations, the backward's given o and lse."""
+rounded rotations, the backward's given o and lse, its float32 D and dp."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,7 +34,8 @@ def test_the_given_backward_is_the_contract_and_float32_operands_cost_nothing(na
     assert set(slack) == {"dq", "dk", "dv", "dbias"} | ({"dsinks"} if kw.get("sinks") is not None else set())
     for key, gap in slack.items():
         scale = float(getattr(grads, key).nan_to_num(0).abs().max())
-        assert float(gap.max()) < 1e-5 * scale, key
+        # what remains is the bound of float32 D and dp, (Dv - 1) * 2^-24 of the products' magnitudes
+        assert float(gap.max()) < 1e-4 * scale, key
     assert all(float(gap.max()) < 1e-5 for gap in operand_slack.forward_slack(inputs.q, inputs.k, inputs.v, (o, lse),
                                                                            **kw).values())
 
@@ -94,7 +95,7 @@ def test_the_backward_slack_admits_the_fused_engine_and_not_a_wrong_rotation():
 
     def engine(tables):
         call = Call.of(inputs.q, inputs.k, inputs.v, **{**kw, "rope": tables})
-        grads = operand_slack._backward_as_given(inputs.do, inputs.q, inputs.k, inputs.v, o, lse, call)
+        grads, _ = operand_slack._backward_as_given(inputs.do, inputs.q, inputs.k, inputs.v, o, lse, call)
         return dataclasses.replace(truth, **{n: g.to(torch.float16 if n in ("dq", "dk", "dv") else torch.float32)
                                             for n, g in grads.items() if g is not None})
 
@@ -114,8 +115,8 @@ ONE_KEY_BESIDE_A_SINK = Case(seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=2, he
 def _contract_literal_engine(inputs, o, lse, dq_factor: float = 1.0):
     """The contract's backward computed exactly from the given o and lse, rounded to fp16 (what a
     faithful engine can at best return); ``dq_factor`` != 1 is a real bug, a scaled dq."""
-    grads = operand_slack._backward_as_given(inputs.do, inputs.q, inputs.k, inputs.v, o, lse,
-                                             Call.of(inputs.q, inputs.k, inputs.v, **inputs.keywords))  # fmt: skip
+    grads, _ = operand_slack._backward_as_given(inputs.do, inputs.q, inputs.k, inputs.v, o, lse,
+                                                Call.of(inputs.q, inputs.k, inputs.v, **inputs.keywords))  # fmt: skip
     grads["dq"] = grads["dq"] * dq_factor
     return {n: g.to(torch.float16 if n in ("dq", "dk", "dv") else torch.float32) for n, g in grads.items()
             if g is not None}
