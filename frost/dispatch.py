@@ -6,7 +6,9 @@ only asks (it runs and records nothing); ``select`` also compiles, moving on whe
 ``compile`` raises ``Declined``, and returns the plan with its ``Decision``; ``run``
 executes it and, once it has served the call, records the decision in ``ledger``.
 ``serve`` is ``select`` then ``run``. ``frost.plans`` keeps what ``select`` returned per
-call signature, so repeated calls go straight to ``run``.
+call signature, so repeated calls go straight to ``run``. Plans execute with the caller's
+autocast off: the API casts the inputs as autocast asks (``frost.ops``), and an engine's own
+arithmetic keeps the dtypes it chose.
 
 Adding an engine: implement ``frost.engines.base.Engine`` for a direction and put an
 instance in ``FORWARD_ENGINES`` or ``BACKWARD_ENGINES`` at its rank. Engine modules
@@ -24,6 +26,8 @@ from __future__ import annotations
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass
+
+import torch
 
 from frost.engines.base import Declined, Engine, Plan
 from frost.engines.native import TorchSdpaBackward, TorchSdpaForward, UnfusedBackward, UnfusedForward
@@ -208,7 +212,13 @@ def run(served: Served, tensors: Tensors, out=None, workspace=None):
     call that raised is not counted). ``workspace``: the plan's scratch, at least
     ``served.plan.workspace_bytes`` bytes (None: the plan allocates it; the test harness
     passes one with guard regions). Returns ``(o, lse)`` or ``Grads``."""
-    result = served.plan.execute(tensors, out=out, workspace=workspace)
+    if torch._C._is_any_autocast_enabled():  # one C call off autocast
+        # engines compute in the dtypes they choose (float32 copies, fp32 products): the caller's
+        # autocast would recast their matmuls to its half dtype (measured: unfused's lse 0.022 off)
+        with torch.autocast(served.problem.device_type, enabled=False):
+            result = served.plan.execute(tensors, out=out, workspace=workspace)
+    else:
+        result = served.plan.execute(tensors, out=out, workspace=workspace)
     ledger.record(served.decision, served.ledger_keys)
     if type(result) is Grads or served.problem.direction == "forward":
         return result

@@ -275,3 +275,29 @@ def test_torch_sdpa_cpu_bf16_routes_match_oracle(case, rows_near_0, route, monke
     frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords, engine="torch-sdpa", out=out)
     torch.testing.assert_close(out, (o, lse), rtol=0, atol=0)
     assert o.is_contiguous() and lse.is_contiguous() and o.dtype == BF16 and lse.dtype == torch.float32
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("engine", ["torch-sdpa", "unfused"])
+@pytest.mark.parametrize("direct", [False, True], ids=["float32-copies", "bf16"])
+def test_engines_ignore_the_callers_autocast(engine, direct, monkeypatch):
+    """Under the caller's CPU autocast (a training loop's backward inside its autocast block, say)
+    the engines return the bits they return without it: their float32 products are not recast to
+    bf16 (unfused's lse moved by 0.022 before dispatch turned autocast off around them), and the
+    bf16 route's lse repair runs its float32 logits (it raised on a dtype mismatch)."""
+    import frost
+    from frost.engines import native
+    from frost_harness.suites.harness import make_inputs
+
+    monkeypatch.setattr(native, "CPU_NATIVE_BF16", direct)
+    inputs = make_inputs(Case(causal=True, logit_scale=0.01, seqlen_q=40, seqlen_k=40, heads_q=4, heads_kv=2))
+    q, k, v, do = inputs.q, inputs.k, inputs.v, inputs.do
+
+    def both_directions():
+        o, lse = frost.sdpa_forward(q, k, v, causal=True, engine=engine)
+        return (o, lse, *frost.sdpa_backward(do, q, k, v, o, lse, causal=True, engine=engine)[:3])
+
+    plain = both_directions()
+    with torch.autocast("cpu", dtype=BF16):
+        under = both_directions()
+    assert all(torch.equal(a, b) for a, b in zip(plain, under))
