@@ -253,7 +253,8 @@ CPU_NATIVE_BF16 = _native_bf16()
 # every row would weigh in rule 2 against a baseline that may be exact there: all rows are.
 _LSE_EXACT_BELOW = 2.0 ** -5
 _LSE_EXACT_ALL_BELOW = 1.0
-# Above this many gathered key elements (rows x Sk x head dim) the float32 kernel reruns whole.
+# Above this many gathered key elements (rows x the keys they may see x head dim) the float32 kernel
+# reruns whole.
 _EXACT_ROWS_GATHER = 1 << 22
 
 
@@ -270,19 +271,21 @@ def _exact_lse_rows(lse, q, k, mask, causal: bool, scale: float):
         rows = magnitude < _LSE_EXACT_BELOW
     else:
         return lse
-    count = int(rows.sum())
-    if count == 0:
+    b, h, i = rows.nonzero(as_tuple=True)
+    if b.numel() == 0:
         return lse
     seqlen_k, dim = k.shape[-2:]
-    if count * seqlen_k * dim > _EXACT_ROWS_GATHER:
+    # torch's is_causal is top-left: row i sees keys 0..i, so the rows near 0 (most of those
+    # recomputed) need only the first keys
+    width = min(seqlen_k, int(i.max()) + 1) if causal and mask is None else seqlen_k
+    if b.numel() * width * dim > _EXACT_ROWS_GATHER:
         return None
-    b, h, i = rows.nonzero(as_tuple=True)
-    # q and k [B, H, S, D] views; one row of logits per recomputed (b, h, i): [count, Sk]
-    logits = torch.bmm(k[b, h].float(), q[b, h, i].float().unsqueeze(-1)).squeeze(-1) * scale
+    # q and k [B, H, S, D] views; one row of logits per recomputed (b, h, i): [rows, width]
+    logits = torch.bmm(k[b, h, :width].float(), q[b, h, i].float().unsqueeze(-1)).squeeze(-1) * scale
     if mask is not None:
         logits = logits + mask.expand(*lse.shape, seqlen_k)[b, h, i]
-    elif causal:  # torch's is_causal: top-left, key j visible from row i when j <= i
-        keys = torch.arange(seqlen_k, device=lse.device)
+    elif causal:
+        keys = torch.arange(width, device=lse.device)
         logits = logits.masked_fill(keys > i.unsqueeze(-1), _NEG_INF)
     lse = lse.clone()
     lse[b, h, i] = torch.logsumexp(logits, dim=-1)
