@@ -30,13 +30,13 @@ With ``--variants`` the backward also runs with its bias choices forced (``BIAS_
 
 ``--variants`` adds backward columns for the engine's choices, forced one at a
 time through the plan. Deterministic mode's (``--variants det`` times only these): ``det_rec``
-(dQ recomputed by the bwd_dq pass instead of reduced in a fixed order), ``det_cta`` (the ordered
-dQ's turns taken per CTA instead of per warp), ``det_w1`` (the ordered dQ reduced one float at a
-time instead of 4), ``det_shared`` (the shared walk with CTA turns, one float at a time,
-``Sm80Backward(dq_walk="shared", warp_turns=False, det_reduce_width=1)``: the deterministic
-default of masked problems before the diagonal walk), ``det_sliced`` (the sliced dQ, no turns:
-``Sm80Backward(sliced_dq=True)``), each with its ``cost``, its time over the
-default plan's. The default
+(dQ recomputed by the bwd_dq pass instead of reduced in a fixed order), ``det_ordered`` (the
+ordered dQ, ``Sm80Backward(sliced_dq=False)``), ``det_cta`` (its turns taken per CTA instead of
+per warp), ``det_w1`` (it reduced one float at a time instead of 4), ``det_shared`` (the shared
+walk with CTA turns, one float at a time, ``Sm80Backward(dq_walk="shared", warp_turns=False,
+det_reduce_width=1)``: the deterministic default of masked problems before the diagonal walk),
+``det_sliced`` (the sliced dQ, no turns, forced: ``Sm80Backward(sliced_dq=True)``; the default
+where its slices fit), each with its ``cost``, its time over the default plan's. The default
 mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time, SM90),
 ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order), ``nosplit`` (GQA
 group unsplit). With ``--hdims`` it adds forward columns ``f<m>x<n>w<warps>``: the forward compiled
@@ -212,7 +212,8 @@ def forward_variants(default) -> dict:
 
 
 # deterministic mode's forced engine choices, by column name (``--variants det``)
-DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_w1": dict(det_reduce_width=1), "det_cta": dict(warp_turns=False),
+DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_ordered": dict(sliced_dq=False),
+                "det_w1": dict(sliced_dq=False, det_reduce_width=1), "det_cta": dict(warp_turns=False),
                 "det_shared": dict(dq_walk="shared", warp_turns=False, det_reduce_width=1),
                 "det_sliced": dict(sliced_dq=True)}
 

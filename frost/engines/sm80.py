@@ -174,9 +174,13 @@ class Sm80Backward(Engine):
       and fewer, wider ones land sooner (deterministic cost 1-4% lower on the H200, against
       nothing gained in the default mode). For d64 the dQ product comes first in a step
       (``dq_first``): 1.5-2.5% cheaper there, 1-3% dearer for d128 (H200, benchmarks/NOTES.md).
-      ``sliced_dq=True`` takes the sliced dQ instead (sm80/bwd.py, "Sliced dQ": no turns, each CTA
-      reduces into a slice of its own; ``dq_slice_count`` slices, or ``dq_slices`` forced). Off by
-      default until it is measured against the ordered dQ on the H200.
+      The sliced dQ (sm80/bwd.py, "Sliced dQ": no turns, each CTA reduces into a slice of its
+      own; ``dq_slice_count`` slices, or ``dq_slices`` forced) serves deterministic mode by
+      default (``sliced_dq=None``) unless the caller chose another way (``ordered_dq=False``, or
+      an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or its slices beyond
+      the first would take more than ``SLICED_EXTRA_SCRATCH`` bytes: on the H200 it cost less
+      than the ordered dQ on 15 of the 18 benchmark shapes (benchmarks/NOTES.md, fifteenth
+      session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ.
     """
 
     name = "sdpa_bwd_sm80"
@@ -189,7 +193,7 @@ class Sm80Backward(Engine):
                  heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None,
                  dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
-                 bias_staged: bool | None = None, sliced_dq: bool = False, dq_slices: int | None = None):
+                 bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -218,10 +222,17 @@ class Sm80Backward(Engine):
     def _chain(self, problem: Problem) -> tuple[tuple, int]:
         from frost.kernels.sm80.config import BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams
 
-        main, splits = backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first,
-                                        self.ordered_dq, self.tile_mn, self.dq_walk, self.warp_turns,
-                                        self.det_reduce_width, self.batch_inner, self.dbias_reduce_width,
-                                        self.bias_staged, self.sliced_dq)
+        def choices(sliced_dq: bool):
+            return backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first, self.ordered_dq,
+                                    self.tile_mn, self.dq_walk, self.warp_turns, self.det_reduce_width,
+                                    self.batch_inner, self.dbias_reduce_width, self.bias_staged, sliced_dq)
+
+        sliced = self.sliced_dq
+        if sliced is None:  # the default: sliced in deterministic mode unless another way was chosen
+            sliced = problem.deterministic and self.ordered_dq and self.dq_walk == "auto" and self.warp_turns
+        main, splits = choices(sliced)
+        if self.sliced_dq is None and main.dq_slices and not self._slices_fit(problem, main, splits):
+            main, splits = choices(False)
         pre = BwdPreParams(
             dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
             has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
@@ -231,6 +242,13 @@ class Sm80Backward(Engine):
         last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
         combine = (BwdCombineParams.of(main),) if splits > 1 else ()
         return (pre, main, last, *combine), splits
+
+    def _slices_fit(self, problem: Problem, main, splits: int) -> bool:
+        """Whether the sliced dQ's slices beyond the first (each a whole fp32 dQ accumulator) take
+        at most SLICED_EXTRA_SCRATCH bytes."""
+        slices = self.dq_slices or dq_slice_count(problem, main, splits)
+        accumulator = problem.batch * problem.seqlen_q * problem.heads_q * problem.head_dim_qk * 4
+        return (slices - 1) * accumulator <= SLICED_EXTRA_SCRATCH
 
     def compile(self, problem: Problem) -> Plan:
         from frost.kernels.sm80 import compile as sm80_compile
@@ -414,6 +432,9 @@ def launch_group(problem: Problem, main, splits: int) -> int:
 # the sliced dQ's most slices: each is a whole fp32 dQ accumulator that bwd_pre zeroes and
 # bwd_convert reads back
 MAX_DQ_SLICES = 8
+# deterministic mode's default takes the ordered dQ where the sliced dQ's slices beyond the first
+# would take more than this (the default mode's accumulator is one slice already)
+SLICED_EXTRA_SCRATCH = 1 << 30
 
 
 def _sliced_cost(problem: Problem, splits: int, slices: int, sms: int) -> tuple[Fraction, int]:

@@ -62,8 +62,9 @@ one not yet launched):
   launched in groups of heads, lowest key block first within a group (``cta_coords``).
 
 Sliced dQ (``dq_slices``, deterministic mode, FlashAttention-2's way): the grid's x holds
-slices, and CTA x walks key blocks x, x + slices, ... of its (sequence, kv head, split part)
-one after another (``key_block_pass``), reducing dQ into slice x of the accumulator, which no
+slices, and CTA x walks one key block of each round of ``slices`` of its (sequence, kv head,
+split part), x in even rounds and slices - 1 - x in odd ones (a zigzag that evens out causal
+work), one after another (``key_block_pass``), reducing dQ into slice x of the accumulator, which no
 other CTA touches. A thread reduces into the same addresses in every step, so its adds land in
 program order: fixed fp32 sums with no turns, counters or fences. ``sm80/bwd_pre`` zeroes every
 slice and ``sm80/bwd_convert`` sums them in slice order. The price is the slices' memory (the
@@ -234,12 +235,18 @@ def bwd_kernel(
     cta = KeyBlockCta(tensors, setup, tidx, step, loads, sBias, bias_copy, mask, seqlen, batch, head_kv, split,
                       first_head, heads_per_cta, sK, sV, scale, scale_log2)
     if const_expr(SLICED):
-        # grid x holds the slices: this CTA's key blocks are n_block, n_block + slices, ..., and its
-        # dQ goes to slice n_block of the accumulator (query heads n_block * H.. of its head axis)
+        # grid x holds the slices: this CTA takes one key block of each round of ``slices`` blocks,
+        # block n_block of the even rounds and slices - 1 - n_block of the odd ones (a zigzag: under
+        # a causal mask block n sees query blocks from n on, so each CTA's rounds pair heavy blocks
+        # with light ones), and its dQ goes to slice n_block of the accumulator (query heads
+        # n_block * H.. of its head axis)
         num_slices = cute.arch.grid_dim()[0]
-        for key_block in cutlass.range(n_block, (seqlen.rows_k + TILE_N - 1) // TILE_N, num_slices, unroll=1):
-            key_block_pass(cta, key_block, n_block * heads_of(mQ, PACKED))
-            cute.arch.barrier()  # every warp is done with sK, sV and the stages before the next loads
+        num_key_blocks = (seqlen.rows_k + TILE_N - 1) // TILE_N
+        for round_ in cutlass.range((num_key_blocks + num_slices - 1) // num_slices, unroll=1):
+            key_block = round_ * num_slices + n_block + (round_ % 2) * (num_slices - 1 - 2 * n_block)
+            if key_block < num_key_blocks:
+                key_block_pass(cta, key_block, n_block * heads_of(mQ, PACKED))
+                cute.arch.barrier()  # every warp is done with sK, sV and the stages before the next loads
     else:
         key_block_pass(cta, n_block, 0)
 

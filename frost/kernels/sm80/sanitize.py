@@ -65,13 +65,15 @@ FEATURES = {
     "bias_BH_padded": ((2, 200, 190, 2, 2, 128, 128), dict(bias="BH", window=(37, 5)), "padded"),
     "bias_11_packed_io": ((3, 160, 150, 4, 2, 64, 64), dict(bias="11", bias_io=True), "packed"),
 }
-MODES = ("default", "deterministic", "recompute", "shared", "sliced")
-# deterministic: dQ reduced in order (the walk engines/sm80.ordered_walk picks, warp turns); the
-# modes below force an engine choice: recompute, the bwd_dq pass; shared, the ordered dQ on the
-# shared walk with CTA turns, one float per reduction, where the default takes another walk
-# (elsewhere it differs from the deterministic mode only in its turns and width: not run);
-# sliced, the sliced dQ with two slices, so that a CTA walks several key blocks where there are
-_FORCED = {"recompute": dict(ordered_dq=False),
+MODES = ("default", "deterministic", "ordered", "recompute", "shared", "sliced")
+# deterministic: the engine's choice (the sliced dQ where its slices fit); the modes below force
+# one: ordered, dQ reduced in order (the walk engines/sm80.ordered_walk picks, warp turns);
+# recompute, the bwd_dq pass; shared, the ordered dQ on the shared walk with CTA turns, one float
+# per reduction, where the ordered default takes another walk (elsewhere it differs from it only
+# in its turns and width: not run); sliced, the sliced dQ with two slices, so that a CTA walks
+# several key blocks where there are
+_FORCED = {"ordered": dict(sliced_dq=False),
+           "recompute": dict(ordered_dq=False),
            "shared": dict(ordered_dq=True, dq_walk="shared", warp_turns=False, det_reduce_width=1),
            "sliced": dict(sliced_dq=True, dq_slices=2)}
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
@@ -135,7 +137,7 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
         call = dict(keywords, deterministic=mode != "default")
         if mode in _FORCED:
             problem, tensors = prepare("backward", t["q"], t["k"], t["v"], o=o, lse=lse, do=t["do"], **call)
-            if mode == "shared" and deterministic_walk(problem) == "shared":
+            if mode == "shared" and ordered_dq_walk(problem) == "shared":
                 continue
             dq, dk, dv, dbias, dsinks = Sm80Backward(**_FORCED[mode]).compile(problem).execute(tensors)
         else:
@@ -145,9 +147,9 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
     return problems
 
 
-def deterministic_walk(problem) -> str:
-    """The ordered dQ's walk the sm80 backward's deterministic mode takes for ``problem``."""
-    return Sm80Backward().records(problem)[1].dq_walk
+def ordered_dq_walk(problem) -> str:
+    """The walk the ordered dQ (the grid's "ordered" mode) takes for ``problem``."""
+    return Sm80Backward(**_FORCED["ordered"]).records(problem)[1].dq_walk
 
 
 def _non_finite(name: str, mode: str, **outputs) -> list[str]:

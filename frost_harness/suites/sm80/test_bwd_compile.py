@@ -153,13 +153,15 @@ def test_group_split_reaches_two_waves(heads, lengths, sms, want):
 
 @pytest.mark.L0
 def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
-    """By default (ordered_dq) the deterministic chain is bwd_pre (zeroing accumulator and counters),
-    the main kernel reducing dQ in order, and bwd_convert: no bwd_dq pass; its records say so."""
+    """The ordered dQ (``sliced_dq=False``): the deterministic chain is bwd_pre (zeroing accumulator
+    and counters), the main kernel reducing dQ in order, and bwd_convert: no bwd_dq pass; its
+    records say so. By default deterministic mode takes the sliced dQ instead."""
     q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
     k = torch.randn(2, 300, 2, 64, dtype=torch.bfloat16)
     problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True,
                                 deterministic=True)
-    ordered = Sm80Backward().compile(problem)
+    assert Sm80Backward().compile(problem).params[1].dq_slices
+    ordered = Sm80Backward(sliced_dq=False).compile(problem)
     pre, main, last, *_ = ordered.params  # and bwd_combine when the group is split
     assert main.deterministic and main.dq_ordered and main.dq_walk == "diagonal" and not main.heavy_first
     assert main.dq_warp_turns and pre.dq_counters == main.num_warps == main.dq_turn_slots
@@ -363,9 +365,9 @@ def test_each_walk_is_chosen_only_where_it_is_safe():
 
 @pytest.mark.L0
 def test_diagonal_walk_launches_a_head_at_a_time_on_large_grids():
-    """Groups of heads that fit the SMs at once, heaviest key blocks first; a head at a time
-    (group 0) once the grid has HEAD_AT_A_TIME_WAVES waves, or when one head's key blocks
-    outnumber the SMs."""
+    """The ordered dQ's diagonal walk: groups of heads that fit the SMs at once, heaviest key
+    blocks first; a head at a time (group 0) once the grid has HEAD_AT_A_TIME_WAVES waves, or when
+    one head's key blocks outnumber the SMs."""
     from frost.engines.sm80 import HEAD_AT_A_TIME_WAVES
 
     def group_of(batch, seqlen, heads_q=16, heads_kv=16):
@@ -373,7 +375,7 @@ def test_diagonal_walk_launches_a_head_at_a_time_on_large_grids():
         k = torch.randn(batch, seqlen, heads_kv, 64, dtype=torch.bfloat16)
         problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(batch, heads_q, seqlen), do=q,
                                     causal=True, deterministic=True)
-        return Sm80Backward().compile(problem).launch_group
+        return Sm80Backward(sliced_dq=False).compile(problem).launch_group
 
     assert group_of(1, 4096) == 132 // 32  # 16 x 32 CTAs: under the threshold
     assert HEAD_AT_A_TIME_WAVES * 132 <= 8 * 16 * 32 and group_of(8, 4096) == 0
@@ -406,7 +408,7 @@ def test_workspace_carves_disjoint_typed_views_at_the_buffer_offset():
     k = torch.randn(2, 300, 1, 64, dtype=torch.bfloat16)
     problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True,
                                 deterministic=True, sinks=torch.zeros(8))  # fmt: skip
-    plan = Sm80Backward(split=4).compile(problem)
+    plan = Sm80Backward(split=4, sliced_dq=False).compile(problem)
     workspace = _Workspace(problem, plan.splits, plan.params[0], plan.params[1])
     names = [name for name, _ in workspace.parts]
     assert {"dq_counters", "dsink_partial", "dk_partial", "dv_partial"} <= set(names)

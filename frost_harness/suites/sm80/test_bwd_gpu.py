@@ -251,8 +251,10 @@ def test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs(name, monkeypatch
     _assert_bitwise_over_20_runs(dataclasses.replace(gpu_cases.BASE, deterministic=True, **DETERMINISM_CASES[name]))
     if name.endswith("gqa_split"):
         assert any(p.split_group and p.deterministic for p in _bwd_records(BwdParams))
-    ordered = not name.startswith("recompute")  # the deterministic default reduces dQ in order
-    assert any(p.dq_ordered == ordered and p.deterministic for p in _bwd_records(BwdParams))
+    if name.startswith("recompute"):
+        assert any(p.deterministic and not (p.dq_ordered or p.dq_slices) for p in _bwd_records(BwdParams))
+    else:  # the deterministic default: the sliced dQ
+        assert any(p.deterministic and p.dq_slices for p in _bwd_records(BwdParams))
 
 
 @pytest.mark.L0
@@ -423,7 +425,7 @@ def test_bwd_sm80_ordered_dq_walks_match_oracle_and_are_bitwise_stable(name, mod
     CTA turns, the shared walk (``Sm80Backward(dq_walk="shared")``, warp turns), and one float per
     reduction (SM80's width): judged against the oracle, and 20 runs bit for bit; the plan took
     the walk, turns and width asked for."""
-    defaults = {"dq_walk": "auto", "warp_turns": True, "det_reduce_width": None}
+    defaults = {"sliced_dq": False, "dq_walk": "auto", "warp_turns": True, "det_reduce_width": None}
     for attribute, value in {**defaults, **WALK_MODES[mode]}.items():
         monkeypatch.setattr(_engine(), attribute, value)
     fields, walk = WALK_CASES[name]
