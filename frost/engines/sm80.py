@@ -180,7 +180,10 @@ class Sm80Backward(Engine):
       an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or its slices beyond
       the first would take more than ``SLICED_EXTRA_SCRATCH`` bytes: on the H200 it cost less
       than the ordered dQ on 15 of the 18 benchmark shapes (benchmarks/NOTES.md, fifteenth
-      session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ.
+      session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ. Without a left window
+      its CTAs write their slices whole (``BwdParams.dq_slice_stores``: the first key block stores,
+      zeros where the walk reaches nothing, so bwd_pre zeroes no slice); ``slice_stores=False``
+      keeps bwd_pre's zeroing and every block's reductions.
     """
 
     name = "sdpa_bwd_sm80"
@@ -193,7 +196,8 @@ class Sm80Backward(Engine):
                  heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None,
                  dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
-                 bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None):
+                 bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None,
+                 slice_stores: bool = True):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -208,6 +212,7 @@ class Sm80Backward(Engine):
         self.bias_staged = bias_staged
         self.sliced_dq = sliced_dq
         self.dq_slices = dq_slices  # forces the sliced dQ's count (dq_slice_count otherwise)
+        self.slice_stores = slice_stores  # False: the sliced dQ's slices zeroed by bwd_pre, every block reducing
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -225,7 +230,8 @@ class Sm80Backward(Engine):
         def choices(sliced_dq: bool):
             return backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first, self.ordered_dq,
                                     self.tile_mn, self.dq_walk, self.warp_turns, self.det_reduce_width,
-                                    self.batch_inner, self.dbias_reduce_width, self.bias_staged, sliced_dq)
+                                    self.batch_inner, self.dbias_reduce_width, self.bias_staged, sliced_dq,
+                                    self.slice_stores)
 
         sliced = self.sliced_dq
         if sliced is None:  # the default: sliced in deterministic mode unless another way was chosen
@@ -233,12 +239,7 @@ class Sm80Backward(Engine):
         main, splits = choices(sliced)
         if self.sliced_dq is None and main.dq_slices and not self._slices_fit(problem, main, splits):
             main, splits = choices(False)
-        pre = BwdPreParams(
-            dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=problem.layout,
-            has_seqlens=problem.has_seqlens, has_sinks=problem.has_sinks,
-            accum_tile_m=main.tile_m if main.reduces_dq else 0, dq_counters=main.dq_turn_slots,
-            dq_slices=main.dq_slices,
-        )
+        pre = BwdPreParams.of(main, problem.has_sinks)
         last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
         combine = (BwdCombineParams.of(main),) if splits > 1 else ()
         return (pre, main, last, *combine), splits
@@ -306,7 +307,8 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
 def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=None, heavy_first=None,
                      ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
                      warp_turns: bool = False, det_reduce_width: int | None = 1, batch_inner: bool | None = False,
-                     dbias_reduce_width: int | None = 1, bias_staged: bool | None = False, sliced_dq: bool = False):
+                     dbias_reduce_width: int | None = 1, bias_staged: bool | None = False, sliced_dq: bool = False,
+                     slice_stores: bool = True):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward).
     ``dq_reduce_width`` None: ``default_dq_reduce_width``; ``det_reduce_width`` None: 4 on SM90,
     else 1. For a dbias reduced over broadcast dims, ``batch_inner`` None: ``bias_batch_inner``
@@ -329,7 +331,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
         deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_ordered=ordered_dq,
         dq_slices=sliced_dq, bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
-        bias_grad=problem.bias is None or problem.bias.grad,
+        bias_grad=problem.bias is None or problem.bias.grad, dq_slice_stores=slice_stores,
     )
     if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
         main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)
@@ -723,6 +725,7 @@ class _Sm80BackwardPlan(Plan):
             scratch=scratch, splits=self.splits,
             scale=p.scale, window_left=p.window_left, window_right=p.window_right,
             batch=p.batch, max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k, launch_group=self.launch_group,
+            zero_accum=self.params[0].accum_tile_m > 0,
         )
         if self.rope is not None:  # gradients w.r.t. the unrotated q and k
             self.rope.rotate_back(t, staged[0], staged[1])

@@ -66,9 +66,15 @@ slices, and CTA x walks one key block of each round of ``slices`` of its (sequen
 split part), x in even rounds and slices - 1 - x in odd ones (a zigzag that evens out causal
 work), one after another (``key_block_pass``), reducing dQ into slice x of the accumulator, which no
 other CTA touches. A thread reduces into the same addresses in every step, so its adds land in
-program order: fixed fp32 sums with no turns, counters or fences. ``sm80/bwd_pre`` zeroes every
-slice and ``sm80/bwd_convert`` sums them in slice order. The price is the slices' memory (the
-engine keeps them few, ``engines/sm80.dq_slice_count``) and a CTA barrier between key blocks.
+program order: fixed fp32 sums with no turns, counters or fences. ``sm80/bwd_convert`` sums the
+slices in slice order. The price is the slices' memory (the engine keeps them few,
+``engines/sm80.dq_slice_count``) and a CTA barrier between key blocks. Without a left window
+(``dq_slice_stores``) the CTA writes its slice whole: its first key block, the lowest of its
+walk, sees every query block a later one does (both ends of ``m_block_range`` grow with the key
+block, and only a left window moves the upper end), so that block *stores* its dQ, the later ones
+add to it, and the CTA stores zeros in the chunks its walk never reaches; no pass zeroes the
+slices, and no first reduction reads zeros back from memory. With a left window ``sm80/bwd_pre``
+zeroes every slice and every block reduces.
 
 Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
 fp32 partials when split). Key rows past Sk_b inside the padded extent are
@@ -245,10 +251,12 @@ def bwd_kernel(
         for round_ in cutlass.range((num_key_blocks + num_slices - 1) // num_slices, unroll=1):
             key_block = round_ * num_slices + n_block + (round_ % 2) * (num_slices - 1 - 2 * n_block)
             if key_block < num_key_blocks:
-                key_block_pass(cta, key_block, n_block * heads_of(mQ, PACKED))
+                key_block_pass(cta, key_block, n_block * heads_of(mQ, PACKED), round_ == 0)
                 cute.arch.barrier()  # every warp is done with sK, sV and the stages before the next loads
+        if const_expr(P.dq_slice_stores):
+            zero_unseen_chunks(cta, n_block, n_block * heads_of(mQ, PACKED))
     else:
-        key_block_pass(cta, n_block, 0)
+        key_block_pass(cta, n_block, 0, False)
 
 
 class KeyBlockCta(NamedTuple):
@@ -275,10 +283,11 @@ class KeyBlockCta(NamedTuple):
 
 
 @cute.jit
-def key_block_pass(cta: KeyBlockCta, n_block, slice_head):
+def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk):
     """Key block ``n_block``: K, V resident, every step that sees it (module docstring), then dK
     and dV stored. ``slice_head``: where this CTA's dQ slice starts on the accumulator's head axis
-    (sliced dQ; 0 otherwise)."""
+    (sliced dQ; 0 otherwise); ``first_of_walk``: the sliced dQ's first key block, which stores
+    its dQ with ``dq_slice_stores``."""
     mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = cta.tensors
     setup, tidx, step, loads, seqlen, batch = cta.setup, cta.tidx, cta.step, cta.loads, cta.seqlen, cta.batch
     sBias, bias_copy, mask, sK, sV = cta.sBias, cta.bias_copy, cta.mask, cta.sK, cta.sV
@@ -347,7 +356,14 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head):
             if const_expr(ORDERED):
                 wait_turn(counter, ordered_turn(mask, n_block, m_block, num_m_blocks), seen, tidx)
             accum_head = head + slice_head if const_expr(SLICED) else head
-            reduce_dq(acc_dQ, seqlen.dq_accum_chunk(mdQaccum, batch, accum_head, m_block, TILE_M, TILE_HDIM_QK), tidx)
+            chunk = seqlen.dq_accum_chunk(mdQaccum, batch, accum_head, m_block, TILE_M, TILE_HDIM_QK)
+            if const_expr(P.dq_slice_stores):
+                if first_of_walk:
+                    write_dq(acc_dQ, chunk, tidx)
+                else:
+                    reduce_dq(acc_dQ, chunk, tidx)
+            else:
+                reduce_dq(acc_dQ, chunk, tidx)
         if const_expr(P.dq_first):  # the reductions drain under both products (ordered dQ: module docstring)
             step.accumulate_dv(acc_dV, stage)
         step.accumulate_dk(acc_dK, stage)
@@ -523,6 +539,43 @@ def reduce_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
         else:
             values = cute.make_tensor(acc_dQ.iterator + DQ_WIDTH * j, cute.make_layout(DQ_WIDTH)).load()
             cute.arch.atomic_add(target, values)
+
+
+@cute.jit
+def write_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
+    """Store a dQ fragment (or zeros: ``acc_dQ`` None) where ``reduce_dq`` would reduce it: the
+    sliced dQ's first values of a chunk (``dq_slice_stores``); whole lines per warp, vectors of
+    ``DQ_WIDTH`` floats."""
+    for j in cutlass.range_constexpr(TILE_M * TILE_HDIM_QK // (NUM_THREADS * DQ_WIDTH)):
+        # the run starts at a multiple of DQ_WIDTH floats of a 256-byte aligned slab: say so, for one vector store
+        start = dq_accum_slice(g_chunk, j, tidx, NUM_THREADS, DQ_WIDTH)
+        target = cute.make_tensor(
+            cute.make_ptr(Float32, start.toint(), cute.AddressSpace.gmem, assumed_align=4 * DQ_WIDTH),
+            cute.make_layout(DQ_WIDTH),
+        )
+        if const_expr(acc_dQ is None):
+            target.fill(0.0)
+        else:
+            target.store(cute.make_tensor(acc_dQ.iterator + DQ_WIDTH * j, cute.make_layout(DQ_WIDTH)).load())
+
+
+@cute.jit
+def zero_unseen_chunks(cta: KeyBlockCta, first_key_block, slice_head):
+    """Zeros in every chunk of this CTA's dQ slice (its heads, its sequence's query blocks) that
+    its walk never reaches (``dq_slice_stores``): outside the range of its first key block, which
+    holds every later block's (module docstring); all of them when that block sees no query."""
+    seen_min, seen_max = cta.mask.m_block_range(first_key_block)
+    if seen_max <= seen_min:
+        seen_min = Int32(0)
+        seen_max = Int32(0)
+    num_chunks = (cta.seqlen.rows_q + TILE_M - 1) // TILE_M
+    mdQaccum = cta.tensors.dq_accum
+    for h in cutlass.range(cta.heads_per_cta, unroll=1):
+        head = cta.first_head + h + slice_head
+        for m_block in cutlass.range(seen_min, unroll=1):
+            write_dq(None, cta.seqlen.dq_accum_chunk(mdQaccum, cta.batch, head, m_block, TILE_M, TILE_HDIM_QK), cta.tidx)
+        for m_block in cutlass.range(seen_max, num_chunks, unroll=1):
+            write_dq(None, cta.seqlen.dq_accum_chunk(mdQaccum, cta.batch, head, m_block, TILE_M, TILE_HDIM_QK), cta.tidx)
 
 
 def step_coords(i, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks):

@@ -345,7 +345,7 @@ def launch_fwd(compiled, q, k, v, o, lse, *, scale: float, window_left: int, win
 
 def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t, dq, dk, dv, dsinks, dbias,
                scratch, splits: int, scale: float, window_left: int, window_right: int, batch: int, max_seqlen_q: int,
-               max_seqlen_k: int, launch_group: int = 0) -> None:
+               max_seqlen_k: int, launch_group: int = 0, zero_accum: bool = True) -> None:
     """Run the backward chain on torch tensors (current stream).
 
     ``t`` is the call's frost.problem.Tensors; ``scratch`` the carved workspace (d, lse2;
@@ -357,6 +357,8 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t,
     dQ reductions), bwd_convert (dq). Deterministic: bwd_pre, bwd (dK, dV only), bwd_dq.
     Split GQA groups (``compiled_combine``, bwd_combine): the fp32 partials are summed in split
     order into dk, dv. ``launch_group``: the diagonal walk's heads launched together (sm80/order.py).
+    ``zero_accum`` False: bwd_pre leaves the accumulator alone (compiled without it: the sliced dQ
+    that writes its slices whole, ``BwdParams.dq_slice_stores``).
 
     A kernel whose grid would be empty (no sequence, no query or no key rows) is not launched:
     CUDA rejects a zero grid, and there is nothing for it to write. With no query rows the main
@@ -366,7 +368,7 @@ def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t,
     accum, counters = scratch.get("dq_accum"), scratch.get("dq_counters")
     if queries:
         compiled_pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
-                     scratch.get("dsink_partial"), accum, counters, max_seqlen_q)
+                     scratch.get("dsink_partial"), accum if zero_accum else None, counters, max_seqlen_q)
     dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if splits > 1 else (dk, dv)
     if keys:
         compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,

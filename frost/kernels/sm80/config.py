@@ -192,6 +192,15 @@ class BwdPreParams(_Tiles):
     # the accumulator holds slices (BwdParams.dq_slices, a runtime count): zero every one of them
     dq_slices: bool = False
 
+    @classmethod
+    def of(cls, main: "BwdParams", has_sinks: bool) -> "BwdPreParams":
+        """The pass before ``main``: it zeroes the accumulator (and the ordered dQ's counters)
+        unless the main kernel writes it whole (``dq_slice_stores``)."""
+        zeroes = main.reduces_dq and not main.dq_slice_stores
+        return cls(dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=main.layout,
+                   has_seqlens=main.has_seqlens, has_sinks=has_sinks, accum_tile_m=main.tile_m if zeroes else 0,
+                   dq_counters=main.dq_turn_slots, dq_slices=main.dq_slices and zeroes)
+
     def num_m_blocks(self, seqlen_q: int) -> int:
         """The grid's query-block extent: whole accumulator chunks when it zeroes them."""
         if self.accum_tile_m:
@@ -290,10 +299,15 @@ class BwdParams(_Tiles):
     # a float32 bias tile is copied into shared memory by cp.async a step ahead (sm80/bias.py,
     # BiasTileCopy) instead of read from global memory where the scores need it
     bias_staged: bool = False
-    # deterministic mode without turns: the grid's x holds dQ slices, and CTA x walks key blocks
-    # x, x + slices, ... reducing dQ into slice x of the accumulator, which no other CTA touches;
-    # bwd_convert sums the slices in order (sm80/bwd.py, "Sliced dQ"); the slice count is runtime
+    # deterministic mode without turns: the grid's x holds dQ slices, and CTA x walks one key
+    # block of each round of ``slices`` (a zigzag), reducing dQ into slice x of the accumulator,
+    # which no other CTA touches; bwd_convert sums the slices in order (sm80/bwd.py, "Sliced dQ");
+    # the slice count is runtime
     dq_slices: bool = False
+    # the sliced dQ writes its slices whole: the CTA's first key block stores its dQ (without a
+    # left window every later key block of the walk sees only query blocks the first one saw)
+    # and zeros go where its walk sees no query block, so bwd_pre zeroes no slice
+    dq_slice_stores: bool = False
 
     @property
     def reduces_dq(self) -> bool:
@@ -345,6 +359,8 @@ class BwdParams(_Tiles):
             bad("dq_ordered and dq_slices are ways of the deterministic mode")
         if self.dq_slices and (self.dq_ordered or self.heavy_first or self.batch_inner):
             bad("dq_slices launches slices on the grid's x: no ordered walk, heavy_first or batch_inner")
+        if self.dq_slice_stores and (not self.dq_slices or self.has_window_left):
+            bad("dq_slice_stores writes the sliced dQ's slices whole (dq_slices), which a left window breaks")
         if self.dq_ordered != (self.dq_walk is not None) or self.dq_walk not in (None, *DQ_WALKS):
             bad(f"dq_walk is one of {DQ_WALKS} with ordered dQ, None without")
         if self.dq_walk == "shared" and not self.heavy_first:
@@ -386,11 +402,12 @@ def bwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
     split_group: bool = False, dq_ordered: bool = False, dq_slices: bool = False, bias_dtype: str | None = None,
-    bias_broadcast: bool = False, bias_grad: bool = True,
+    bias_broadcast: bool = False, bias_grad: bool = True, dq_slice_stores: bool = True,
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``,
     ``split_group`` and, deterministic, ``dq_ordered`` or ``dq_slices`` are the engine's choices per
-    device and per problem size (frost/engines/sm80.py). ``bias_broadcast``: the bias has size 1
+    device and per problem size (frost/engines/sm80.py); the sliced dQ writes its slices whole
+    (``dq_slice_stores``) wherever it can, unless that is turned off. ``bias_broadcast``: the bias has size 1
     where the problem has several batches or heads, so dbias sums over them (sm80/bias.py says
     how); ``bias_grad`` False: no dbias is made.
 
@@ -415,7 +432,7 @@ def bwd_params_for(
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
         dq_reduce_width=dq_reduce_width, split_group=split_group, dq_ordered=ordered, heavy_first=ordered,
         dq_walk="shared" if ordered else None,
-        dq_slices=sliced,
+        dq_slices=sliced, dq_slice_stores=sliced and dq_slice_stores and window_left < 0,
         dq_first=flavor == "d64" and (ordered or sliced or (not deterministic and dq_reduce_width == 4)),
         **dbias_fields(bias_dtype, bias_broadcast, deterministic, bias_grad),
     ).validate()

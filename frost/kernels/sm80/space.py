@@ -82,7 +82,8 @@ def admitted_bwd_params() -> list:
     # det, width, walk (ordered dQ; "sliced": the sliced dQ), warp turns; each walk only where
     # engines/sm80.ordered_walk takes it
     ordered = tuple((True, width, walk, turns) for width in (1, 4) for walk in DQ_WALKS for turns in (False, True))
-    sliced = tuple((True, width, "sliced", False) for width in (1, 4))
+    # the sliced dQ writing its slices whole where it can (dq_slice_stores), and zeroed by bwd_pre
+    sliced = tuple((True, width, walk, False) for width in (1, 4) for walk in ("sliced", "sliced_zeroed"))
     modes = ((False, 1, None, False), (False, 4, None, False), (True, 1, None, False), *ordered, *sliced)
     # (dtype, broadcast, gradient wanted); without a gradient the broadcast changes no code
     biases = ((None, False, True), ("float32", False, True), ("float32", True, True), ("io", False, True),
@@ -94,10 +95,11 @@ def admitted_bwd_params() -> list:
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
-            dq_reduce_width=width, dq_ordered=walk in DQ_WALKS, dq_slices=walk == "sliced",
+            dq_reduce_width=width, dq_ordered=walk in DQ_WALKS, dq_slices=walk in ("sliced", "sliced_zeroed"),
             bias_dtype=_bias_dtype(bias[0], dtype), bias_broadcast=bias[1], bias_grad=bias[2],
+            dq_slice_stores=walk == "sliced",
         )
-        walk = None if walk == "sliced" else walk  # the sliced dQ walks no turns
+        walk = walk if walk in DQ_WALKS else None  # the sliced dQ walks no turns
         unmasked = not (main.has_window_left or main.has_window_right)
         if (walk == "rotated" and not unmasked) or (walk == "diagonal" and not main.has_window_right):
             continue
@@ -111,9 +113,7 @@ def admitted_bwd_params() -> list:
                 record = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
                                              dq_warp_turns=turns, **bias_way).validate()
                 seen[record] = None
-        seen[BwdPreParams(dtype=dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=layout[0],
-                          has_seqlens=layout[1], has_sinks=sinks, accum_tile_m=main.tile_m if main.reduces_dq else 0,
-                          dq_counters=main.dq_turn_slots, dq_slices=main.dq_slices)] = None
+        seen[BwdPreParams.of(main, sinks)] = None
         seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
         if split:
             seen[BwdCombineParams.of(main)] = None

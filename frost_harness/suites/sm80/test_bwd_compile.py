@@ -57,6 +57,8 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     assert {p.heavy_first for p in mains} == {False, True}
     assert {p.dq_ordered for p in mains} == {False, True}
     assert {p.dq_slices for p in mains} == {False, True}
+    assert {(p.dq_slice_stores, p.has_window_left) for p in mains if p.dq_slices} == {
+        (True, False), (False, False), (False, True)}  # a left window: the slices are zeroed
     for kind in (BwdPreParams, BwdConvertParams):  # they zero and sum the slices
         assert {p.dq_slices for p in ALL if isinstance(p, kind)} == {False, True}
     # a bias in each dtype; dbias stored in it, as fp32 partials, or reduced into fp32
@@ -188,10 +190,12 @@ def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
 
 @pytest.mark.L0
 def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
-    """``Sm80Backward(sliced_dq=True)``: the deterministic chain is bwd_pre zeroing every slice,
-    the main kernel reducing into its own slice (no turns, no launch order of its own) and
-    bwd_convert summing them; the accumulator's head axis holds the slices (``dq_slice_count``,
-    or a forced ``dq_slices``); the default mode ignores the option."""
+    """``Sm80Backward(sliced_dq=True)``: the deterministic chain is bwd_pre, the main kernel
+    writing its own slice (no turns, no launch order of its own) and bwd_convert summing them;
+    the accumulator's head axis holds the slices (``dq_slice_count``, or a forced ``dq_slices``);
+    the default mode ignores the option. Without a left window the main kernel writes its slices
+    whole and bwd_pre zeroes nothing (``dq_slice_stores``); with one, or ``slice_stores=False``,
+    bwd_pre zeroes every slice."""
     from frost.engines.sm80 import MAX_DQ_SLICES, dq_slice_count
 
     q = torch.randn(2, 1000, 8, 64, dtype=torch.bfloat16)
@@ -204,8 +208,12 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
     sliced = Sm80Backward(sliced_dq=True).compile(problem())
     pre, main, last = sliced.params
     assert main.dq_slices and main.reduces_dq and not (main.dq_ordered or main.heavy_first or main.dq_warp_turns)
-    assert pre.dq_slices and pre.accum_tile_m == main.tile_m and pre.dq_counters == 0
+    assert main.dq_slice_stores and not pre.dq_slices and pre.accum_tile_m == 0 and pre.dq_counters == 0
     assert isinstance(last, BwdConvertParams) and last.dq_slices
+    for zeroed in (Sm80Backward(sliced_dq=True, slice_stores=False).compile(problem()),
+                   Sm80Backward(sliced_dq=True).compile(problem(window=(100, 0)))):
+        assert zeroed.params[1].dq_slices and not zeroed.params[1].dq_slice_stores
+        assert zeroed.params[0].dq_slices and zeroed.params[0].accum_tile_m == main.tile_m
     assert main.dq_reduce_width == 4 and main.dq_first  # off a GPU the plan is an SM90's; d64: dQ first
     # 2 x 8 heads of 8 key blocks on 132 SMs: 8 slices (128 CTAs), one key block each
     assert sliced.slices == 8 == dq_slice_count(problem(), main, 1)
@@ -234,7 +242,10 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(main, **bad).validate()
     with pytest.raises(ValueError, match="dq_slices zeroes"):
-        dataclasses.replace(pre, dq_counters=1).validate()
+        dataclasses.replace(pre, dq_slices=True, accum_tile_m=main.tile_m, dq_counters=1).validate()
+    for bad in (dict(has_window_left=True), dict(dq_slices=False)):
+        with pytest.raises(ValueError, match="dq_slice_stores"):
+            dataclasses.replace(main, **bad).validate()
 
 
 @pytest.mark.L0

@@ -450,20 +450,23 @@ SLICED_CASES = {  # WALK_CASES' problems (masks, padding, THD, a split group), a
                             head_dim_qk=128, head_dim_v=128),
     "d256_window": dict(head_dim_qk=256, head_dim_v=256, window=(200, 30), seqlen_q=700, seqlen_k=800),
 }
-SLICED_MODES = {"device_width": dict(), "scalar": dict(det_reduce_width=1), "two_slices": dict(dq_slices=2)}
+SLICED_MODES = {"device_width": dict(), "scalar": dict(det_reduce_width=1), "two_slices": dict(dq_slices=2),
+                "zeroed": dict(slice_stores=False)}
 
 
 @pytest.mark.L0
 @pytest.mark.parametrize("mode", list(SLICED_MODES))
 @pytest.mark.parametrize("name", list(SLICED_CASES))
 def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, monkeypatch):
-    """The sliced dQ (``Sm80Backward(sliced_dq=True)``: each CTA walks every slices-th key block
-    and reduces dQ into a slice of its own, summed in order by bwd_convert): judged against the
-    oracle and 20 runs bit for bit, with the device's reduce width, with one float, and with two
-    slices forced (every CTA then walks several key blocks); the plan took what was asked."""
+    """The sliced dQ (``Sm80Backward(sliced_dq=True)``: each CTA walks one key block of each round
+    of slices and writes dQ into a slice of its own, summed in order by bwd_convert): judged
+    against the oracle (the workspace holds NaN-payload sentinels: a chunk no kernel wrote fails)
+    and 20 runs bit for bit, with the device's reduce width, with one float, with two slices
+    forced (every CTA then walks several key blocks), and with the slices zeroed by bwd_pre
+    instead of written whole (``slice_stores=False``); the plan took what was asked."""
     from frost.engines.sm80 import dq_slice_count
 
-    defaults = {"sliced_dq": True, "det_reduce_width": None, "dq_slices": None}
+    defaults = {"sliced_dq": True, "det_reduce_width": None, "dq_slices": None, "slice_stores": True}
     for attribute, value in {**defaults, **SLICED_MODES[mode]}.items():
         monkeypatch.setattr(_engine(), attribute, value)
     if name.startswith("gqa_split"):
@@ -476,7 +479,8 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     problem = dataclasses.replace(problem, direction=DIRECTION, deterministic=True)
     plan = _engine().compile(problem)
     pre, main, convert = plan.params[:3]
-    assert main.dq_slices and pre.dq_slices and convert.dq_slices and not main.dq_ordered and not main.heavy_first
+    assert main.dq_slices and convert.dq_slices and not main.dq_ordered and not main.heavy_first
+    assert main.dq_slice_stores == (mode != "zeroed" and not main.has_window_left) != pre.dq_slices
     sm90 = torch.cuda.get_device_capability() >= (9, 0)
     assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
     assert plan.slices == (2 if mode == "two_slices" else dq_slice_count(problem, main, plan.splits))
