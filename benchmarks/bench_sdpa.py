@@ -35,9 +35,10 @@ ordered dQ, ``Sm80Backward(sliced_dq=False)``), ``det_cta`` (its turns taken per
 per warp), ``det_w1`` (it reduced one float at a time instead of 4), ``det_shared`` (the shared
 walk with CTA turns, one float at a time, ``Sm80Backward(dq_walk="shared", warp_turns=False,
 det_reduce_width=1)``: the deterministic default of masked problems before the diagonal walk),
-``det_sliced`` (the sliced dQ, no turns, forced: ``Sm80Backward(sliced_dq=True)``; the default
-where its slices fit), ``det_zeroed`` (the sliced dQ with its slices zeroed by bwd_pre and every
-key block reducing, ``slice_stores=False``, instead of written whole), each with its ``cost``, its time over the default plan's. The default
+``det_stores`` and ``det_zeroed`` (the sliced dQ, no turns, the default where its slices fit,
+forced with its slices written whole by the main kernel, ``Sm80Backward(sliced_dq=True,
+slice_stores=True)``, or zeroed by bwd_pre with every key block reducing, ``slice_stores=False``;
+the default picks by the slice count), each with its ``cost``, its time over the default plan's. The default
 mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time, SM90),
 ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order), ``nosplit`` (GQA
 group unsplit). With ``--hdims`` it adds forward columns ``f<m>x<n>w<warps>``: the forward compiled
@@ -216,7 +217,8 @@ def forward_variants(default) -> dict:
 DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_ordered": dict(sliced_dq=False),
                 "det_w1": dict(sliced_dq=False, det_reduce_width=1), "det_cta": dict(warp_turns=False),
                 "det_shared": dict(dq_walk="shared", warp_turns=False, det_reduce_width=1),
-                "det_sliced": dict(sliced_dq=True), "det_zeroed": dict(sliced_dq=True, slice_stores=False)}
+                "det_stores": dict(sliced_dq=True, slice_stores=True),
+                "det_zeroed": dict(sliced_dq=True, slice_stores=False)}
 
 
 def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:

@@ -248,13 +248,20 @@ def bwd_kernel(
         # n_block * H.. of its head axis)
         num_slices = cute.arch.grid_dim()[0]
         num_key_blocks = (seqlen.rows_k + TILE_N - 1) // TILE_N
-        for round_ in cutlass.range((num_key_blocks + num_slices - 1) // num_slices, unroll=1):
+        slice_head = n_block * heads_of(mQ, PACKED)
+        first_round = 0
+        if const_expr(P.dq_slice_stores):  # round 0 (block n_block) stores: a copy of the pass of its own
+            if n_block < num_key_blocks:
+                key_block_pass(cta, n_block, slice_head, True)
+                cute.arch.barrier()  # every warp is done with sK, sV and the stages before the next loads
+            first_round = 1
+        for round_ in cutlass.range(first_round, (num_key_blocks + num_slices - 1) // num_slices, unroll=1):
             key_block = round_ * num_slices + n_block + (round_ % 2) * (num_slices - 1 - 2 * n_block)
             if key_block < num_key_blocks:
-                key_block_pass(cta, key_block, n_block * heads_of(mQ, PACKED), round_ == 0)
-                cute.arch.barrier()  # every warp is done with sK, sV and the stages before the next loads
+                key_block_pass(cta, key_block, slice_head, False)
+                cute.arch.barrier()
         if const_expr(P.dq_slice_stores):
-            zero_unseen_chunks(cta, n_block, n_block * heads_of(mQ, PACKED))
+            zero_unseen_chunks(cta, n_block, slice_head)
     else:
         key_block_pass(cta, n_block, 0, False)
 
@@ -283,11 +290,11 @@ class KeyBlockCta(NamedTuple):
 
 
 @cute.jit
-def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk):
+def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass.Constexpr[bool]):
     """Key block ``n_block``: K, V resident, every step that sees it (module docstring), then dK
     and dV stored. ``slice_head``: where this CTA's dQ slice starts on the accumulator's head axis
     (sliced dQ; 0 otherwise); ``first_of_walk``: the sliced dQ's first key block, which stores
-    its dQ with ``dq_slice_stores``."""
+    its dQ with ``dq_slice_stores`` (a copy of the pass of its own: a branch per step spilled)."""
     mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = cta.tensors
     setup, tidx, step, loads, seqlen, batch = cta.setup, cta.tidx, cta.step, cta.loads, cta.seqlen, cta.batch
     sBias, bias_copy, mask, sK, sV = cta.sBias, cta.bias_copy, cta.mask, cta.sK, cta.sV
@@ -357,11 +364,8 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk):
                 wait_turn(counter, ordered_turn(mask, n_block, m_block, num_m_blocks), seen, tidx)
             accum_head = head + slice_head if const_expr(SLICED) else head
             chunk = seqlen.dq_accum_chunk(mdQaccum, batch, accum_head, m_block, TILE_M, TILE_HDIM_QK)
-            if const_expr(P.dq_slice_stores):
-                if first_of_walk:
-                    write_dq(acc_dQ, chunk, tidx)
-                else:
-                    reduce_dq(acc_dQ, chunk, tidx)
+            if const_expr(P.dq_slice_stores and first_of_walk):
+                write_dq(acc_dQ, chunk, tidx)
             else:
                 reduce_dq(acc_dQ, chunk, tidx)
         if const_expr(P.dq_first):  # the reductions drain under both products (ordered dQ: module docstring)

@@ -8,8 +8,8 @@ coalesced), scales them by the softmax scale, rounds them to the io dtype
 and sends them through shared memory to 128-bit stores of rows
 ``[0, rows_q)``. With ``dq_slices`` (deterministic mode) the block is the
 sum of the accumulator's slices, in slice order. Dense padded rows come out
-as zeros: nothing but +-0 was reduced into them and ``sm80/bwd_pre`` zeroed
-the chunk. Packed rows past a sequence are not written.
+as zeros: nothing but +-0 was reduced into them, and ``sm80/bwd_pre`` zeroed
+the chunk or the main kernel wrote it whole (``dq_slice_stores``). Packed rows past a sequence are not written.
 """
 from __future__ import annotations
 

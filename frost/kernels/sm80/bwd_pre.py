@@ -25,7 +25,8 @@ accumulator that ``sm80/bwd`` reduces into (layout: ``seqlen.py``): CTA m
 zeroes floats ``[m, m + 1) * tile_m * tile_hdim_qk`` of its (sequence, head)
 slab, coalesced, and the grid covers whole accumulator chunks
 (``BwdPreParams.num_m_blocks``), so no separate memset runs; with
-``dq_slices`` every slice of it (the deterministic mode's sliced dQ).
+``dq_slices`` every slice of it (the deterministic mode's sliced dQ, where the main
+kernel does not write its slices whole: ``BwdParams.dq_slice_stores``).
 """
 from __future__ import annotations
 
