@@ -37,8 +37,8 @@ walk with CTA turns, one float at a time, ``Sm80Backward(dq_walk="shared", warp_
 det_reduce_width=1)``: the deterministic default of masked problems before the diagonal walk),
 ``det_stores`` and ``det_zeroed`` (the sliced dQ, no turns, the default where its slices fit,
 forced with its slices written whole by the main kernel, ``Sm80Backward(sliced_dq=True,
-slice_stores=True)``, or zeroed by bwd_pre with every key block reducing, ``slice_stores=False``;
-the default picks by the slice count), each with its ``cost``, its time over the default plan's. The default
+slice_stores=True)``, the default without a left window, or zeroed by bwd_pre with every key
+block reducing, ``slice_stores=False``), each with its ``cost``, its time over the default plan's. The default
 mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time, SM90),
 ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order), ``nosplit`` (GQA
 group unsplit). With ``--hdims`` it adds forward columns ``f<m>x<n>w<warps>``: the forward compiled

@@ -181,10 +181,10 @@ class Sm80Backward(Engine):
       the first would take more than ``SLICED_EXTRA_SCRATCH`` bytes: on the H200 it cost less
       than the ordered dQ on 15 of the 18 benchmark shapes (benchmarks/NOTES.md, fifteenth
       session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ. Without a left window
-      and from ``SLICE_STORES_MIN`` slices on, its CTAs write their slices whole
-      (``BwdParams.dq_slice_stores``: the first key block stores, zeros where the walk reaches
-      nothing, so bwd_pre zeroes no slice); ``slice_stores=True`` forces that at any count,
-      ``False`` keeps bwd_pre's zeroing and every block's reductions.
+      its CTAs write their slices whole (``BwdParams.dq_slice_stores``: the first key block
+      stores, zeros where the walk reaches nothing, so bwd_pre zeroes no slice; on the H200 it cost
+      0.998-1.211 against 1.007-1.321 with the slices zeroed, benchmarks/NOTES.md, sixteenth
+      session); ``slice_stores=False`` keeps bwd_pre's zeroing and every block's reductions.
     """
 
     name = "sdpa_bwd_sm80"
@@ -198,7 +198,7 @@ class Sm80Backward(Engine):
                  dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
                  bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None,
-                 slice_stores: bool | None = None):
+                 slice_stores: bool = True):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -213,7 +213,7 @@ class Sm80Backward(Engine):
         self.bias_staged = bias_staged
         self.sliced_dq = sliced_dq
         self.dq_slices = dq_slices  # forces the sliced dQ's count (dq_slice_count otherwise)
-        self.slice_stores = slice_stores  # None: from SLICE_STORES_MIN slices on; False: zeroed by bwd_pre
+        self.slice_stores = slice_stores  # False: the sliced dQ's slices zeroed by bwd_pre
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -232,7 +232,7 @@ class Sm80Backward(Engine):
             return backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first, self.ordered_dq,
                                     self.tile_mn, self.dq_walk, self.warp_turns, self.det_reduce_width,
                                     self.batch_inner, self.dbias_reduce_width, self.bias_staged, sliced_dq,
-                                    self.slice_stores is not False)
+                                    self.slice_stores)
 
         sliced = self.sliced_dq
         if sliced is None:  # the default: sliced in deterministic mode unless another way was chosen
@@ -240,9 +240,6 @@ class Sm80Backward(Engine):
         main, splits = choices(sliced)
         if self.sliced_dq is None and main.dq_slices and not self._slices_fit(problem, main, splits):
             main, splits = choices(False)
-        if main.dq_slice_stores and self.slice_stores is None:  # written whole where the slices are many
-            if self.slice_count(problem, main, splits) < SLICE_STORES_MIN:
-                main = dataclasses.replace(main, dq_slice_stores=False)
         pre = BwdPreParams.of(main, problem.has_sinks)
         last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
         combine = (BwdCombineParams.of(main),) if splits > 1 else ()
@@ -445,11 +442,6 @@ MAX_DQ_SLICES = 8
 # deterministic mode's default takes the ordered dQ where the sliced dQ's slices beyond the first
 # would take more than this (the default mode's accumulator is one slice already)
 SLICED_EXTRA_SCRATCH = 1 << 30
-# the sliced dQ writes its slices whole (BwdParams.dq_slice_stores) from this many slices on. On
-# the H200 (benchmarks/NOTES.md, sixteenth session) that saved 2-10% of the step where the grid
-# has 4-8 slices (MQA, Hq8/Hkv2 d64: bwd_pre's zeroing and the first reductions' reads of all
-# of them are gone) and cost 0-5% with 1-2 slices (MHA, d64 the most), against bwd_pre's zeroing
-SLICE_STORES_MIN = 4
 
 
 def _sliced_cost(problem: Problem, splits: int, slices: int, sms: int) -> tuple[Fraction, int]:

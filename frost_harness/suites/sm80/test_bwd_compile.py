@@ -193,11 +193,10 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
     """``Sm80Backward(sliced_dq=True)``: the deterministic chain is bwd_pre, the main kernel
     writing its own slice (no turns, no launch order of its own) and bwd_convert summing them;
     the accumulator's head axis holds the slices (``dq_slice_count``, or a forced ``dq_slices``);
-    the default mode ignores the option. Without a left window and with SLICE_STORES_MIN slices
-    or more (or ``slice_stores=True``) the main kernel writes its slices whole and bwd_pre zeroes
-    nothing (``dq_slice_stores``); with a left window, fewer slices or ``slice_stores=False``
+    the default mode ignores the option. Without a left window the main kernel writes its slices
+    whole and bwd_pre zeroes nothing (``dq_slice_stores``); with one, or ``slice_stores=False``,
     bwd_pre zeroes every slice."""
-    from frost.engines.sm80 import MAX_DQ_SLICES, SLICE_STORES_MIN, dq_slice_count
+    from frost.engines.sm80 import MAX_DQ_SLICES, dq_slice_count
 
     q = torch.randn(2, 1000, 8, 64, dtype=torch.bfloat16)
     k = torch.randn(2, 1000, 8, 64, dtype=torch.bfloat16)
@@ -229,9 +228,7 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
                              o=torch.randn(16, 1000, 32, 64, dtype=torch.bfloat16), lse=torch.zeros(16, 32, 1000),
                              do=torch.randn(16, 1000, 32, 64, dtype=torch.bfloat16), deterministic=True)
     assert dq_slice_count(many, main, 1) == 1 and 1 < MAX_DQ_SLICES <= 8
-    assert 1 < SLICE_STORES_MIN <= 8  # the 8 slices above write theirs whole, one slice does not unless forced
-    assert not Sm80Backward(sliced_dq=True).records(many)[1].dq_slice_stores
-    assert Sm80Backward(sliced_dq=True, slice_stores=True).records(many)[1].dq_slice_stores
+    assert Sm80Backward(sliced_dq=True).records(many)[1].dq_slice_stores  # one slice is written whole too
     for heads, want in (((32, 8), (4, 2)), ((8, 1), (8, 8)), ((16, 16), (1, 4))):  # B2 S4096 d128 causal
         gqa = Problem.from_call("backward", torch.empty(2, 4096, heads[0], 128, dtype=torch.bfloat16),
                                 *(torch.empty(2, 4096, heads[1], 128, dtype=torch.bfloat16),) * 2,

@@ -466,7 +466,6 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     instead of written whole (``slice_stores=False``); the plan took what was asked."""
     from frost.engines.sm80 import dq_slice_count
 
-    # the slices written whole forced: the engine's choice between the two ways follows the slice count
     defaults = {"sliced_dq": True, "det_reduce_width": None, "dq_slices": None, "slice_stores": True}
     for attribute, value in {**defaults, **SLICED_MODES[mode]}.items():
         monkeypatch.setattr(_engine(), attribute, value)
