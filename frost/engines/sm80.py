@@ -179,8 +179,8 @@ class Sm80Backward(Engine):
       default (``sliced_dq=None``) unless the caller chose another way (``ordered_dq=False``, or
       an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or its slices beyond
       the first would take more than ``SLICED_EXTRA_SCRATCH`` bytes: on the H200 it cost less
-      than the ordered dQ on 15 of the 18 benchmark shapes (benchmarks/NOTES.md, fifteenth
-      session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ. Without a left window
+      than the ordered dQ on 17 of the 18 benchmark shapes (benchmarks/NOTES.md, sixteenth
+      session). ``sliced_dq=True forces it, ``False`` keeps the ordered dQ. Without a left window
       its CTAs write their slices whole (``BwdParams.dq_slice_stores``: the first key block
       stores, zeros where the walk reaches nothing, so bwd_pre zeroes no slice; on the H200 it cost
       0.998-1.211 against 1.007-1.321 with the slices zeroed, benchmarks/NOTES.md, sixteenth
@@ -436,8 +436,8 @@ def launch_group(problem: Problem, main, splits: int) -> int:
     return sms // key_blocks
 
 
-# the sliced dQ's most slices: each is a whole fp32 dQ accumulator that bwd_pre zeroes and
-# bwd_convert reads back
+# the sliced dQ's most slices: each is a whole fp32 dQ accumulator that the main kernel writes
+# whole (or bwd_pre zeroes) and bwd_convert reads back
 MAX_DQ_SLICES = 8
 # deterministic mode's default takes the ordered dQ where the sliced dQ's slices beyond the first
 # would take more than this (the default mode's accumulator is one slice already)
