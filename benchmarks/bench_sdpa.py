@@ -35,14 +35,15 @@ ordered dQ, ``Sm80Backward(sliced_dq=False)``), ``det_cta`` (its turns taken per
 per warp), ``det_w1`` (it reduced one float at a time instead of 4), ``det_shared`` (the shared
 walk with CTA turns, one float at a time, ``Sm80Backward(dq_walk="shared", warp_turns=False,
 det_reduce_width=1)``: the deterministic default of masked problems before the diagonal walk),
-``det_stores`` and ``det_zeroed`` (the sliced dQ, no turns, the default where its slices fit,
-forced with its slices written whole by the main kernel, ``Sm80Backward(sliced_dq=True,
-slice_stores=True)``, the default without a left window, or zeroed by bwd_pre with every key
-block reducing, ``slice_stores=False``), each with its ``cost``, its time over the default plan's. The default
-mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time, SM90),
-``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order), ``nosplit`` (GQA
-group unsplit). With ``--hdims`` it adds forward columns ``f<m>x<n>w<warps>``: the forward compiled
-with other tiles (config.FWD_TILES is the default), launched on the same tensors.
+``det_stores`` (the sliced dQ forced, its slices written whole by the main kernel:
+``Sm80Backward(sliced_dq=True, slice_stores=True)``, the deterministic default where its slices
+fit and no left window forbids it) and ``det_zeroed`` (the sliced dQ with its slices zeroed by
+bwd_pre and every key block reducing, ``slice_stores=False``), each with its ``cost``, its time
+over the default plan's. The default mode's (``--variants`` or ``--variants all``): ``w4`` (dQ
+reduced 4 floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` /
+``hf_on`` (launch order), ``nosplit`` (GQA group unsplit). With ``--hdims`` it adds forward
+columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
+default), launched on the same tensors.
 
 ``--rope`` times fused RoPE instead: forward + backward (``frost.attention`` and autograd)
 with ``rope=(cos, sin)`` (the SM80 engines' rotation pass) against q and k rotated by torch
