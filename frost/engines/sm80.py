@@ -685,12 +685,16 @@ _kept_lock = threading.Lock()
 class _Sm80BackwardPlan(Plan):
     def __init__(self, problem: Problem, splits: int, params, compiled, rope: RopePass | None = None,
                  slices: int = 1):
+        from frost.kernels.sm80.compile import BwdLaunch
+
         super().__init__(problem)
-        self.params = params  # (pre, main, convert or deterministic dq)
+        self.params = params  # (pre, main, convert or deterministic dq[, combine])
         self.splits = splits
         self.slices = slices  # the sliced dQ's (its accumulator's head axis carries the count to the kernels)
         self.launch_group = launch_group(problem, params[1], splits)
-        self._compiled = compiled
+        self._launch = BwdLaunch(*compiled[:3], compiled[3] if splits > 1 else None, splits, self.launch_group,
+                                 params[0].accum_tile_m > 0, problem.scale, problem.window_left,
+                                 problem.window_right, problem.batch, problem.seqlen_q, problem.seqlen_k)
         self._workspace = _Workspace(problem, splits, params[0], params[1], slices)
         self.rope = rope  # its rotated q and k lead the workspace
         self._kept = _KeptScratch(self.workspace_bytes, self._carve, problem.device_type)
@@ -725,13 +729,7 @@ class _Sm80BackwardPlan(Plan):
             scratch = {**scratch, "dbias_target": target}  # the kept views stay the plan's parts only
         staged = grads[:3] if out is None else [  # allocate_backward's are aligned and contiguous
             g if _vector_aligned(g) else torch.empty(g.shape, dtype=g.dtype, device=g.device) for g in grads[:3]]
-        launch_bwd(
-            *self._compiled, t=t, dq=staged[0], dk=staged[1], dv=staged[2], dsinks=grads.dsinks, dbias=grads.dbias,
-            scratch=scratch, splits=self.splits,
-            scale=p.scale, window_left=p.window_left, window_right=p.window_right,
-            batch=p.batch, max_seqlen_q=p.seqlen_q, max_seqlen_k=p.seqlen_k, launch_group=self.launch_group,
-            zero_accum=self.params[0].accum_tile_m > 0,
-        )
+        launch_bwd(self._launch, t, Grads(*staged, grads.dbias, grads.dsinks), scratch)
         if self.rope is not None:  # gradients w.r.t. the unrotated q and k
             self.rope.rotate_back(t, staged[0], staged[1])
         if out is not None:

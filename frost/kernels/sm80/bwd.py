@@ -99,8 +99,8 @@ from cutlass import Float32, Int32, const_expr
 from frost.kernels.sm80 import order, recompute, tiles
 from frost.kernels.sm80.bias import BiasTileCopy, ScoreBias, bias_view, staged_layout
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import (SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of,
-                                      launch_extents)
+from frost.kernels.sm80.grid import grid_coords, grid_order, launch_extents, launch_grid
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -119,6 +119,7 @@ HAS_BIAS = P.bias_dtype is not None
 HAS_DBIAS = P.dbias_dtype is not None  # a bias whose gradient is wanted
 BIAS_STAGED = P.bias_staged  # the bias tile comes through shared memory by cp.async (bias.py)
 SLICED = P.dq_slices  # deterministic: each CTA reduces dQ into a slice of its own, no turns
+GRID_ORDER = grid_order(P.heavy_first, P.batch_inner)  # blocks fastest with slices or a diagonal walk
 
 
 class BwdTensors(NamedTuple):
@@ -190,15 +191,9 @@ def sdpa_bwd(
             sBias: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * TILE_N], 1024]
 
     num_n_blocks, heads_kv, num_batch = launch_extents(mK, mCuSeqlensK, max_seqlen_k, TILE_N, PACKED)
-    head_slots = heads_kv * num_splits
-    if const_expr(SLICED):  # the accumulator's head axis holds the slices (seqlen.py)
-        grid = [accum_slices(mdQaccum, heads_of(mQ, PACKED), PACKED), head_slots, num_batch]
-    elif const_expr(P.heavy_first):
-        grid = [head_slots, num_batch, num_n_blocks]
-    elif const_expr(P.batch_inner):
-        grid = [num_batch, num_n_blocks, head_slots]
-    else:
-        grid = [num_n_blocks, head_slots, num_batch]
+    if const_expr(SLICED):  # grid x holds the slices, which the accumulator's head axis counts (seqlen.py)
+        num_n_blocks = accum_slices(mdQaccum, heads_of(mQ, PACKED), PACKED)
+    grid = launch_grid(GRID_ORDER, num_n_blocks, heads_kv * num_splits, num_batch)
     bwd_kernel(
         BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
@@ -573,13 +568,18 @@ def zero_unseen_chunks(cta: KeyBlockCta, first_key_block, slice_head):
         seen_min = Int32(0)
         seen_max = Int32(0)
     num_chunks = (cta.seqlen.rows_q + TILE_M - 1) // TILE_M
-    mdQaccum = cta.tensors.dq_accum
     for h in cutlass.range(cta.heads_per_cta, unroll=1):
         head = cta.first_head + h + slice_head
-        for m_block in cutlass.range(seen_min, unroll=1):
-            write_dq(None, cta.seqlen.dq_accum_chunk(mdQaccum, cta.batch, head, m_block, TILE_M, TILE_HDIM_QK), cta.tidx)
-        for m_block in cutlass.range(seen_max, num_chunks, unroll=1):
-            write_dq(None, cta.seqlen.dq_accum_chunk(mdQaccum, cta.batch, head, m_block, TILE_M, TILE_HDIM_QK), cta.tidx)
+        zero_chunks(cta, head, Int32(0), seen_min)
+        zero_chunks(cta, head, seen_max, num_chunks)
+
+
+@cute.jit
+def zero_chunks(cta: KeyBlockCta, head, start, stop):
+    """Zeros in chunks ``start`` up to ``stop`` of this CTA's sequence's slab of ``head``."""
+    for m_block in cutlass.range(start, stop, unroll=1):
+        chunk = cta.seqlen.dq_accum_chunk(cta.tensors.dq_accum, cta.batch, head, m_block, TILE_M, TILE_HDIM_QK)
+        write_dq(None, chunk, cta.tidx)
 
 
 def step_coords(i, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks):
@@ -671,22 +671,14 @@ def pass_turn(counter, tidx):
 
 @cute.jit
 def cta_coords(launch_group: Int32):
-    """(key block, head slot, sequence) of this CTA. heavy_first: key blocks are the grid's
-    slowest index (under a causal mask the lowest ones see the most query blocks, so the longest
-    CTAs start first and short ones fill the tail). batch_inner: sequences fastest, then key
-    blocks (a bias broadcast over the batch stays in L2 between its readers). Diagonal walk:
-    launched in groups of heads (order.grouped_launch; ``launch_group`` 0: a head at a time,
-    highest key block first). Otherwise key blocks are the fastest index."""
-    x, y, z = cute.arch.block_idx()
-    n_block, head_slot, batch = x, y, z
-    if const_expr(P.heavy_first):
-        head_slot, batch, n_block = x, y, z
-    if const_expr(P.batch_inner):
-        batch, n_block, head_slot = x, y, z
+    """(key block, head slot, sequence) of this CTA: as the grid's order places them (grid.py:
+    heavy_first, batch_inner), or for the diagonal walk (blocks-fastest grid) launched in groups
+    of heads (order.grouped_launch; ``launch_group`` 0: a head at a time, highest key block first)."""
+    n_block, head_slot, batch = grid_coords(GRID_ORDER)
     if const_expr(DIAGONAL):
         num_n, head_slots, num_batch = cute.arch.grid_dim()
-        n_block, head = order.grouped_launch(x + num_n * (y + head_slots * z), num_n, head_slots * num_batch,
-                                             cutlass.max(launch_group, 1), cutlass.min)
+        n_block, head = order.grouped_launch(n_block + num_n * (head_slot + head_slots * batch), num_n,
+                                             head_slots * num_batch, cutlass.max(launch_group, 1), cutlass.min)
         if launch_group == 0:
             n_block = num_n - 1 - n_block
         head_slot, batch = head % head_slots, head // head_slots

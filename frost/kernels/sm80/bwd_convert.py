@@ -20,8 +20,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
-from frost.kernels.sm80.seqlen import (SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of,
-                                      launch_extents)
+from frost.kernels.sm80.grid import BLOCKS_FASTEST, grid_coords, launch_extents, launch_grid
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -57,7 +57,7 @@ def sdpa_bwd_convert(
     convert_kernel(
         # dense padding needs no lengths here: every row of the padded extent is written
         mdQaccum, mdQ, SeqlenTensors(mCuSeqlensQ, mCuSeqlensQ, None, None), scale, setup, SharedStorage,
-    ).launch(grid=[num_m_blocks, num_heads, num_batch], block=[NUM_THREADS, 1, 1],
+    ).launch(grid=launch_grid(BLOCKS_FASTEST, num_m_blocks, num_heads, num_batch), block=[NUM_THREADS, 1, 1],
              smem=SharedStorage.size_in_bytes(), stream=stream)
 
 
@@ -65,7 +65,7 @@ def sdpa_bwd_convert(
 def convert_kernel(mdQaccum: cute.Tensor, mdQ: cute.Tensor, lengths: SeqlenTensors, scale: Float32,
                    setup: ConvertSetup, SharedStorage: cutlass.Constexpr):
     tidx, _, _ = cute.arch.thread_idx()
-    m_block, head, batch = cute.arch.block_idx()
+    m_block, head, batch = grid_coords(BLOCKS_FASTEST)
     seqlen = SeqlenInfo.create(batch, mdQ, mdQ, lengths)
     written_rows = seqlen.rows_q - m_block * TILE_M
     if written_rows > 0:  # packed: blocks past this sequence's end have nothing to write

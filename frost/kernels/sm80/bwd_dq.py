@@ -30,7 +30,8 @@ from cutlass import Float32, Int32, const_expr
 from frost.kernels.sm80 import recompute, tiles
 from frost.kernels.sm80.bias import ScoreBias
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of, launch_extents
+from frost.kernels.sm80.grid import BLOCKS_FASTEST, grid_coords, launch_extents, launch_grid
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -90,7 +91,7 @@ def sdpa_bwd_dq(
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
         scale, scale_log2, window_left, window_right, setup, SharedStorage,
     ).launch(
-        grid=[num_m_blocks, num_heads, num_batch],
+        grid=launch_grid(BLOCKS_FASTEST, num_m_blocks, num_heads, num_batch),
         block=[NUM_THREADS, 1, 1],
         smem=SharedStorage.size_in_bytes(),
         stream=stream,
@@ -111,7 +112,7 @@ def bwd_dq_kernel(
     mQ, mK, mV, mdO, mLSE2, mD, mdQ, mBias = tensors
     sQ_layout, sK_layout, sV_layout, sdO_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
     tidx, _, _ = cute.arch.thread_idx()
-    m_block, head, batch = cute.arch.block_idx()
+    m_block, head, batch = grid_coords(BLOCKS_FASTEST)
     seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
     head_kv = head // (heads_of(mQ, PACKED) // heads_of(mK, PACKED))
     mask = AttentionMask.for_sequence(TILE_M, TILE_N, P, seqlen, window_left, window_right, True)

@@ -37,7 +37,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from frost.kernels.sm80 import tiles
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, accum_slices, heads_of, launch_extents
+from frost.kernels.sm80.grid import BLOCKS_FASTEST, grid_coords, launch_extents, launch_grid
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, accum_slices, heads_of
 from frost.kernels.sm80.softmax import LOG2_E
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
@@ -89,14 +90,15 @@ def sdpa_bwd_pre(
     bwd_pre_kernel(
         BwdPreTensors(mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum, mdQcounters),
         tiles.gmem_store_copy(DTYPE, TILE_HDIM_V, NUM_THREADS),
-    ).launch(grid=[num_m_blocks, num_heads, num_batch], block=[NUM_THREADS, 1, 1], smem=128, stream=stream)
+    ).launch(grid=launch_grid(BLOCKS_FASTEST, num_m_blocks, num_heads, num_batch), block=[NUM_THREADS, 1, 1],
+             smem=128, stream=stream)
 
 
 @cute.kernel
 def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
     mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum, mdQcounters = tensors
     tidx, _, _ = cute.arch.thread_idx()
-    m_block, head, batch = cute.arch.block_idx()
+    m_block, head, batch = grid_coords(BLOCKS_FASTEST)
     # keys are not read here: the query side's lengths stand in for them
     seqlen = SeqlenInfo.create(batch, mO, mO, SeqlenTensors(mCuSeqlensQ, mCuSeqlensQ, mSeqlensQ, mSeqlensQ))
     if const_expr(P.dq_slices):

@@ -15,6 +15,7 @@ tensors directly and launch on torch's current stream.
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
 import torch
 
@@ -28,6 +29,7 @@ from frost.kernels.sm80.config import (
 )
 from frost.kernels.sm80.rope_params import RopeParams
 from frost.kernels.template import compile_cache, load_template
+from frost.records import Grads, Tensors
 
 FWD_TEMPLATE = "sm80/fwd"
 FWD_CACHE = compile_cache("sm80_fwd")
@@ -343,49 +345,65 @@ def launch_fwd(compiled, q, k, v, o, lse, *, scale: float, window_left: int, win
              scale * LOG2_E, window_left, window_right, max_seqlen_q)
 
 
-def launch_bwd(compiled_pre, compiled_main, compiled_last, *compiled_combine, t, dq, dk, dv, dsinks, dbias,
-               scratch, splits: int, scale: float, window_left: int, window_right: int, batch: int, max_seqlen_q: int,
-               max_seqlen_k: int, launch_group: int = 0, zero_accum: bool = True) -> None:
-    """Run the backward chain on torch tensors (current stream).
+class BwdLaunch(NamedTuple):
+    """What a backward plan fixes for every call of ``launch_bwd``: the compiled chain, the
+    plan's launch choices and the Problem's scalars."""
 
-    ``t`` is the call's frost.problem.Tensors; ``scratch`` the carved workspace (d, lse2;
+    pre: Any      # bwd_pre
+    main: Any     # bwd
+    last: Any     # bwd_convert (an accumulator: default and ordered or sliced deterministic), else bwd_dq
+    combine: Any  # bwd_combine for a split GQA group (``splits`` > 1), else None
+    splits: int
+    launch_group: int  # the diagonal walk's heads launched together (sm80/order.py)
+    zero_accum: bool   # False: bwd_pre leaves the accumulator alone (compiled without it: dq_slice_stores)
+    scale: float
+    window_left: int
+    window_right: int
+    batch: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def launch_bwd(chain: BwdLaunch, t: Tensors, grads: Grads, scratch: dict) -> None:
+    """Run the backward chain on torch tensors (current stream) into ``grads`` (dq, dk, dv as the
+    kernels write them; dbias, dsinks where wanted).
+
+    ``t`` is the call's tensors; ``scratch`` the carved workspace (d, lse2;
     dq_accum unless deterministic; dsink_partial with sinks; dk_partial, dv_partial when
     ``splits`` > 1; dq_counters in the ordered deterministic mode; with a bias, dbias_target, what
     the main kernel writes dS into: dbias itself, or a float32 accumulator or partials that are
-    reduced into dbias at the end, sm80/bias.py). Default mode and ordered
+    reduced into dbias at the end, sm80/bias.py). Default mode and ordered or sliced
     deterministic mode: bwd_pre (which also zeroes the accumulator and counters), bwd (dK, dV,
-    dQ reductions), bwd_convert (dq). Deterministic: bwd_pre, bwd (dK, dV only), bwd_dq.
-    Split GQA groups (``compiled_combine``, bwd_combine): the fp32 partials are summed in split
-    order into dk, dv. ``launch_group``: the diagonal walk's heads launched together (sm80/order.py).
-    ``zero_accum`` False: bwd_pre leaves the accumulator alone (compiled without it: the sliced dQ
-    that writes its slices whole, ``BwdParams.dq_slice_stores``).
+    dQ reductions), bwd_convert (dq). Deterministic without an accumulator: bwd_pre, bwd (dK, dV
+    only), bwd_dq. Split GQA groups (bwd_combine): the fp32 partials are summed in split order
+    into dk, dv.
 
     A kernel whose grid would be empty (no sequence, no query or no key rows) is not launched:
     CUDA rejects a zero grid, and there is nothing for it to write. With no query rows the main
     kernel still runs and writes dk = dv = 0; with no key rows bwd_convert / bwd_dq write dq = 0.
     """
-    queries, keys = batch > 0 and max_seqlen_q > 0, batch > 0 and max_seqlen_k > 0
+    queries, keys = chain.batch > 0 and chain.max_seqlen_q > 0, chain.batch > 0 and chain.max_seqlen_k > 0
     accum, counters = scratch.get("dq_accum"), scratch.get("dq_counters")
+    scale, scale_log2, left, right = chain.scale, chain.scale * LOG2_E, chain.window_left, chain.window_right
     if queries:
-        compiled_pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
-                     scratch.get("dsink_partial"), accum if zero_accum else None, counters, max_seqlen_q)
-    dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if splits > 1 else (dk, dv)
+        chain.pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
+                  scratch.get("dsink_partial"), accum if chain.zero_accum else None, counters, chain.max_seqlen_q)
+    dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if chain.splits > 1 else (grads.dk, grads.dv)
     if keys:
-        compiled_main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
-                      t.bias, scratch.get("dbias_target"), t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
-                      scale, scale * LOG2_E, window_left, window_right, max_seqlen_k, splits, launch_group)
+        chain.main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
+                   t.bias, scratch.get("dbias_target"), t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
+                   scale, scale_log2, left, right, chain.max_seqlen_k, chain.splits, chain.launch_group)
     if queries and accum is None:
-        compiled_last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], dq, t.bias, t.cu_seqlens_q, t.cu_seqlens_k,
-                      t.seqlens_q, t.seqlens_k, scale, scale * LOG2_E, window_left, window_right, max_seqlen_q)
+        chain.last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], grads.dq, t.bias, t.cu_seqlens_q,
+                   t.cu_seqlens_k, t.seqlens_q, t.seqlens_k, scale, scale_log2, left, right, chain.max_seqlen_q)
     elif queries:
-        compiled_last(accum, dq, t.cu_seqlens_q, scale, max_seqlen_q)
-    if splits > 1 and keys:
-        (combine,) = compiled_combine
-        combine(dk_out, dv_out, dk, dv, t.cu_seqlens_k)
-    if dsinks is not None:
-        torch.sum(scratch["dsink_partial"], dim=1, out=dsinks)
-    if dbias is not None and scratch["dbias_target"] is not dbias:
-        finish_dbias(dbias, scratch["dbias_target"])
+        chain.last(accum, grads.dq, t.cu_seqlens_q, scale, chain.max_seqlen_q)
+    if chain.splits > 1 and keys:
+        chain.combine(dk_out, dv_out, grads.dk, grads.dv, t.cu_seqlens_k)
+    if grads.dsinks is not None:
+        torch.sum(scratch["dsink_partial"], dim=1, out=grads.dsinks)
+    if grads.dbias is not None and scratch["dbias_target"] is not grads.dbias:
+        finish_dbias(grads.dbias, scratch["dbias_target"])
 
 
 def finish_dbias(dbias, target) -> None:

@@ -58,7 +58,8 @@ from cutlass import Float32, Int32, const_expr
 from frost.kernels.sm80 import tiles
 from frost.kernels.sm80.bias import ScoreBias
 from frost.kernels.sm80.mask import AttentionMask
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of, launch_extents
+from frost.kernels.sm80.grid import grid_coords, grid_order, launch_extents, launch_grid
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of
 from frost.kernels.sm80.softmax import OnlineSoftmax
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
@@ -70,6 +71,7 @@ CHECK_HDIM_QK = P.partial_hdim_qk  # columns past head_dim_qk are predicated off
 CHECK_HDIM_V = P.partial_hdim_v
 PACKED = P.layout == "thd"
 HAS_BIAS = P.bias_dtype is not None
+GRID_ORDER = grid_order(P.heavy_first)
 
 
 class FwdTensors(NamedTuple):
@@ -114,16 +116,12 @@ def sdpa_fwd(
 
     num_m_blocks, num_heads, num_batch = launch_extents(mQ, mCuSeqlensQ, max_seqlen_q, TILE_M, PACKED)
 
-    if const_expr(P.heavy_first):
-        grid = [num_heads, num_batch, num_m_blocks]
-    else:
-        grid = [num_m_blocks, num_heads, num_batch]
     fwd_kernel(
         FwdTensors(mQ, mK, mV, mO, mLSE, mSinks, mBias),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
         scale_log2, window_left, window_right, setup, SharedStorage,
     ).launch(
-        grid=grid,
+        grid=launch_grid(GRID_ORDER, num_m_blocks, num_heads, num_batch),
         block=[NUM_THREADS, 1, 1],
         smem=SharedStorage.size_in_bytes(),
         stream=stream,
@@ -143,13 +141,8 @@ def fwd_kernel(
     mQ, mK, mV, mO, mLSE, mSinks, mBias = tensors
     sQ_layout, sK_layout, sV_layout, sO_layout, gmem_tiled_copy_load, gmem_tiled_copy_store, tiled_mma = setup
     tidx, _, _ = cute.arch.thread_idx()
-    if const_expr(P.heavy_first):
-        # the grid's slowest index walks query blocks from the last (most keys under a causal
-        # mask) to the first, so the longest CTAs start first and short ones fill the tail
-        head, batch, m_block = cute.arch.block_idx()
-        m_block = cute.arch.grid_dim()[2] - 1 - m_block
-    else:
-        m_block, head, batch = cute.arch.block_idx()
+    # heavy-first: query blocks from the last (most keys under a causal mask) to the first
+    m_block, head, batch = grid_coords(GRID_ORDER, reverse_blocks=P.heavy_first)
 
     seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
     head_kv = head // (heads_of(mQ, PACKED) // heads_of(mK, PACKED))

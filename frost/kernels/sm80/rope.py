@@ -47,7 +47,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of, launch_extents
+from frost.kernels.sm80.grid import BLOCKS_FASTEST, grid_coords, launch_extents, launch_grid
+from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, heads_of
 
 P = PARAMS  # noqa: F821  (injected by the template loader)
 DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
@@ -94,14 +95,15 @@ def sdpa_rope(
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), DTYPE, num_bits_per_copy=VECTOR * DTYPE.width)
     rope_kernel(
         RopeTensors(mQ, mK, mQout, mKout, mCos, mSin, mCuSeqlensQ, mCuSeqlensK), blocks_q, atom,
-    ).launch(grid=[blocks_q + blocks_k, head_groups, num_batch], block=[NUM_THREADS, 1, 1], stream=stream)
+    ).launch(grid=launch_grid(BLOCKS_FASTEST, blocks_q + blocks_k, head_groups, num_batch),
+             block=[NUM_THREADS, 1, 1], stream=stream)
 
 
 @cute.kernel
 def rope_kernel(tensors: RopeTensors, blocks_q: Int32, atom: cute.CopyAtom):
     mQ, mK, mQout, mKout, mCos, mSin, mCuSeqlensQ, mCuSeqlensK = tensors
     tidx, _, _ = cute.arch.thread_idx()
-    block, head_group, batch = cute.arch.block_idx()
+    block, head_group, batch = grid_coords(BLOCKS_FASTEST)
     seqlen = SeqlenInfo.create(batch, mQ, mK, SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, None, None))
     token, column = tidx // ROW_THREADS, tidx % ROW_THREADS
     if block < blocks_q:

@@ -1,5 +1,5 @@
-"""Per-CTA sequence facts: where sequence ``b`` starts in each tensor and how long it is;
-and the grid extents every launcher derives from the same tensors.
+"""Per-CTA sequence facts: where sequence ``b`` starts in each tensor and how long it is
+(the grid over them: sm80/grid.py).
 
 Read once at the top of a CTA (from cu_seqlens for packed input, from
 seqlens for dense padding, or from the static extents), so the main loop
@@ -32,14 +32,6 @@ class SeqlenTensors(NamedTuple):
     cu_seqlens_k: cute.Tensor | None
     seqlens_q: cute.Tensor | None
     seqlens_k: cute.Tensor | None
-
-
-def launch_extents(mX: cute.Tensor, cu_seqlens: cute.Tensor | None, max_seqlen, tile: int, packed: bool):
-    """(row blocks, heads, sequences) of a grid over the rows of q/k-like ``mX``: dense (B, S, H, D)
-    or packed (T, H, D) with ``cu_seqlens`` and the longest sequence ``max_seqlen``."""
-    if const_expr(packed):
-        return cute.ceil_div(max_seqlen, tile), mX.shape[1], cu_seqlens.shape[0] - 1
-    return cute.ceil_div(mX.shape[1], tile), mX.shape[2], mX.shape[0]
 
 
 def heads_of(mX: cute.Tensor, packed: bool):
