@@ -185,6 +185,9 @@ class Sm80Backward(Engine):
       stores, zeros where the walk reaches nothing, so bwd_pre zeroes no slice; on the H200 it cost
       0.998-1.211 against 1.007-1.321 with the slices zeroed, benchmarks/NOTES.md, sixteenth
       session); ``slice_stores=False`` keeps bwd_pre's zeroing and every block's reductions.
+      ``slice_reverse=True`` walks the odd rounds' steps in reverse (``BwdParams.dq_slice_reverse``:
+      a round starts on the chunks the one before ended on; dQ bit for bit the same), off until
+      measured.
     """
 
     name = "sdpa_bwd_sm80"
@@ -198,7 +201,7 @@ class Sm80Backward(Engine):
                  dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
                  bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None,
-                 slice_stores: bool = True):
+                 slice_stores: bool = True, slice_reverse: bool = False):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -214,6 +217,7 @@ class Sm80Backward(Engine):
         self.sliced_dq = sliced_dq
         self.dq_slices = dq_slices  # forces the sliced dQ's count (dq_slice_count otherwise)
         self.slice_stores = slice_stores  # False: the sliced dQ's slices zeroed by bwd_pre
+        self.slice_reverse = slice_reverse  # the sliced dQ's odd rounds walk in reverse (to be measured)
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -232,7 +236,7 @@ class Sm80Backward(Engine):
             return backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first, self.ordered_dq,
                                     self.tile_mn, self.dq_walk, self.warp_turns, self.det_reduce_width,
                                     self.batch_inner, self.dbias_reduce_width, self.bias_staged, sliced_dq,
-                                    self.slice_stores)
+                                    self.slice_stores, self.slice_reverse)
 
         sliced = self.sliced_dq
         if sliced is None:  # the default: sliced in deterministic mode unless another way was chosen
@@ -313,7 +317,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
                      ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
                      warp_turns: bool = False, det_reduce_width: int | None = 1, batch_inner: bool | None = False,
                      dbias_reduce_width: int | None = 1, bias_staged: bool | None = False, sliced_dq: bool = False,
-                     slice_stores: bool = True):
+                     slice_stores: bool = True, slice_reverse: bool = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward).
     ``dq_reduce_width`` None: ``default_dq_reduce_width``; ``det_reduce_width`` None: 4 on SM90,
     else 1. For a dbias reduced over broadcast dims, ``batch_inner`` None: ``bias_batch_inner``
@@ -337,6 +341,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_ordered=ordered_dq,
         dq_slices=sliced_dq, bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
         bias_grad=problem.bias is None or problem.bias.grad, dq_slice_stores=slice_stores,
+        dq_slice_reverse=slice_reverse,
     )
     if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
         main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)

@@ -68,7 +68,10 @@ work), one after another (``key_block_pass``), reducing dQ into slice x of the a
 other CTA touches. A thread reduces into the same addresses in every step, so its adds land in
 program order: fixed fp32 sums with no turns, counters or fences. ``sm80/bwd_convert`` sums the
 slices in slice order. The price is the slices' memory (the engine keeps them few,
-``engines/sm80.dq_slice_count``) and a CTA barrier between key blocks. Without a left window
+``engines/sm80.dq_slice_count``) and a CTA barrier between key blocks. With ``dq_slice_reverse``
+the odd rounds take their steps in reverse, so a round starts on the chunks the one before it
+ended on, while their lines may still be in L2; each chunk still gets one add per round, in
+round order, so dQ is bit for bit the same (dK and dV sum their steps in another order). Without a left window
 (``dq_slice_stores``) the CTA writes its slice whole: its first key block, the lowest of its
 walk, sees every query block a later one does (both ends of ``m_block_range`` grow with the key
 block, and only a left window moves the upper end), so that block *stores* its dQ, the later ones
@@ -119,6 +122,7 @@ HAS_BIAS = P.bias_dtype is not None
 HAS_DBIAS = P.dbias_dtype is not None  # a bias whose gradient is wanted
 BIAS_STAGED = P.bias_staged  # the bias tile comes through shared memory by cp.async (bias.py)
 SLICED = P.dq_slices  # deterministic: each CTA reduces dQ into a slice of its own, no turns
+SLICE_REVERSE = P.dq_slice_reverse  # the sliced dQ's odd rounds walk their steps in reverse
 GRID_ORDER = grid_order(P.heavy_first, P.batch_inner)  # blocks fastest with slices or a diagonal walk
 
 
@@ -253,7 +257,7 @@ def bwd_kernel(
         for round_ in cutlass.range(first_round, (num_key_blocks + num_slices - 1) // num_slices, unroll=1):
             key_block = round_ * num_slices + n_block + (round_ % 2) * (num_slices - 1 - 2 * n_block)
             if key_block < num_key_blocks:
-                key_block_pass(cta, key_block, slice_head, False)
+                key_block_pass(cta, key_block, slice_head, False, round_ % 2)
                 cute.arch.barrier()
         if const_expr(P.dq_slice_stores):
             zero_unseen_chunks(cta, n_block, slice_head)
@@ -285,11 +289,13 @@ class KeyBlockCta(NamedTuple):
 
 
 @cute.jit
-def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass.Constexpr[bool]):
+def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass.Constexpr[bool], reverse=0):
     """Key block ``n_block``: K, V resident, every step that sees it (module docstring), then dK
     and dV stored. ``slice_head``: where this CTA's dQ slice starts on the accumulator's head axis
     (sliced dQ; 0 otherwise); ``first_of_walk``: the sliced dQ's first key block, which stores
-    its dQ with ``dq_slice_stores`` (a copy of the pass of its own: a branch per step spilled)."""
+    its dQ with ``dq_slice_stores`` (a copy of the pass of its own: a branch per step spilled);
+    ``reverse`` 1: the steps in reverse order (``dq_slice_reverse``'s odd rounds; a compile-time
+    copy of the pass for them took 16 B more stack on sm_90 than this runtime choice)."""
     mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = cta.tensors
     setup, tidx, step, loads, seqlen, batch = cta.setup, cta.tidx, cta.step, cta.loads, cta.seqlen, cta.batch
     sBias, bias_copy, mask, sK, sV = cta.sBias, cta.bias_copy, cta.mask, cta.sK, cta.sV
@@ -306,14 +312,16 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
     load_kv(setup.gmem_tiled_copy_load, tidx, mK, mV, sK, sV, seqlen, batch, head_kv, n_block)
     num_steps = num_m_blocks * heads_per_cta
     if num_steps > 0:
-        first_step = step_coords(0, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks)
+        first_step = step_coords(walk_step(0, num_steps, reverse), first_head, heads_per_cta, n_block, m_block_min,
+                                 m_block_max, num_m_blocks)
         loads.issue(*first_step, 0)
         if const_expr(BIAS_STAGED):
             bias_copy.issue(mBias, batch, first_step[0], seqlen, first_step[1], n_block)
     cute.arch.cp_async_commit_group()
 
     for i in cutlass.range(num_steps, unroll=1):
-        head, m_block = step_coords(i, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks)
+        head, m_block = step_coords(walk_step(i, num_steps, reverse), first_head, heads_per_cta, n_block,
+                                    m_block_min, m_block_max, num_m_blocks)
         stage = i % STAGES
         gLSE2 = cute.local_tile(seqlen.lse_row(mLSE2, batch, head), (TILE_M,), (m_block,))
         gD = cute.local_tile(seqlen.lse_row(mD, batch, head), (TILE_M,), (m_block,))
@@ -328,8 +336,8 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # this step's Q, dO landed; every warp is done with the previous step
         if i + 1 < num_steps:
-            next_head, next_m_block = step_coords(i + 1, first_head, heads_per_cta, n_block, m_block_min, m_block_max,
-                                                  num_m_blocks)  # fmt: skip
+            next_head, next_m_block = step_coords(walk_step(i + 1, num_steps, reverse), first_head, heads_per_cta,
+                                                  n_block, m_block_min, m_block_max, num_m_blocks)
             loads.issue(next_head, next_m_block, 1 - stage)
         cute.arch.cp_async_commit_group()
 
@@ -347,8 +355,8 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
         cute.arch.barrier()  # P, dS complete in shared memory
         if const_expr(BIAS_STAGED):  # every warp has read this step's bias tile: the next one's goes there
             if i + 1 < num_steps:
-                next_head, next_m_block = step_coords(i + 1, first_head, heads_per_cta, n_block, m_block_min,
-                                                      m_block_max, num_m_blocks)  # fmt: skip
+                next_head, next_m_block = step_coords(walk_step(i + 1, num_steps, reverse), first_head,
+                                                      heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks)
                 bias_copy.issue(mBias, batch, next_head, seqlen, next_m_block, n_block)
             cute.arch.cp_async_commit_group()
         if const_expr(not P.dq_first):
@@ -580,6 +588,14 @@ def zero_chunks(cta: KeyBlockCta, head, start, stop):
     for m_block in cutlass.range(start, stop, unroll=1):
         chunk = cta.seqlen.dq_accum_chunk(cta.tensors.dq_accum, cta.batch, head, m_block, TILE_M, TILE_HDIM_QK)
         write_dq(None, chunk, cta.tidx)
+
+
+def walk_step(i, num_steps, reverse):
+    """The step a key block's pass takes at its ``i``-th turn: ``i``, or with ``dq_slice_reverse``
+    and ``reverse`` 1, ``num_steps - 1 - i``."""
+    if const_expr(SLICE_REVERSE):
+        return i + reverse * (num_steps - 1 - 2 * i)
+    return i
 
 
 def step_coords(i, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks):

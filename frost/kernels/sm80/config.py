@@ -308,6 +308,9 @@ class BwdParams(_Tiles):
     # left window every later key block of the walk sees only query blocks the first one saw)
     # and zeros go where its walk sees no query block, so bwd_pre zeroes no slice
     dq_slice_stores: bool = False
+    # the sliced dQ's odd rounds take their steps in reverse, starting on the chunks the round
+    # before ended on (their lines may still be in L2); dQ's adds keep their order
+    dq_slice_reverse: bool = False
 
     @property
     def reduces_dq(self) -> bool:
@@ -361,6 +364,8 @@ class BwdParams(_Tiles):
             bad("dq_slices launches slices on the grid's x: no ordered walk, heavy_first or batch_inner")
         if self.dq_slice_stores and (not self.dq_slices or self.has_window_left):
             bad("dq_slice_stores writes the sliced dQ's slices whole (dq_slices), which a left window breaks")
+        if self.dq_slice_reverse and not self.dq_slices:
+            bad("dq_slice_reverse orders the sliced dQ's rounds (dq_slices)")
         if self.dq_ordered != (self.dq_walk is not None) or self.dq_walk not in (None, *DQ_WALKS):
             bad(f"dq_walk is one of {DQ_WALKS} with ordered dQ, None without")
         if self.dq_walk == "shared" and not self.heavy_first:
@@ -403,11 +408,13 @@ def bwd_params_for(
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
     split_group: bool = False, dq_ordered: bool = False, dq_slices: bool = False, bias_dtype: str | None = None,
     bias_broadcast: bool = False, bias_grad: bool = True, dq_slice_stores: bool = True,
+    dq_slice_reverse: bool = False,
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``,
     ``split_group`` and, deterministic, ``dq_ordered`` or ``dq_slices`` are the engine's choices per
     device and per problem size (frost/engines/sm80.py); the sliced dQ writes its slices whole
-    (``dq_slice_stores``) wherever it can, unless that is turned off. ``bias_broadcast``: the bias has size 1
+    (``dq_slice_stores``) wherever it can, unless that is turned off, and its odd rounds walk in
+    reverse with ``dq_slice_reverse``. ``bias_broadcast``: the bias has size 1
     where the problem has several batches or heads, so dbias sums over them (sm80/bias.py says
     how); ``bias_grad`` False: no dbias is made.
 
@@ -433,6 +440,7 @@ def bwd_params_for(
         dq_reduce_width=dq_reduce_width, split_group=split_group, dq_ordered=ordered, heavy_first=ordered,
         dq_walk="shared" if ordered else None,
         dq_slices=sliced, dq_slice_stores=sliced and dq_slice_stores and window_left < 0,
+        dq_slice_reverse=sliced and dq_slice_reverse,
         dq_first=flavor == "d64" and (ordered or sliced or (not deterministic and dq_reduce_width == 4)),
         **dbias_fields(bias_dtype, bias_broadcast, deterministic, bias_grad),
     ).validate()

@@ -74,6 +74,9 @@ def admitted_fwd_params() -> list[FwdParams]:
     return list(seen)
 
 
+SLICED_WALKS = ("sliced", "sliced_zeroed", "sliced_reverse")
+
+
 def admitted_bwd_params() -> list:
     """Every params record of every kernel of the backward chain (bwd_pre, bwd, bwd_convert or
     bwd_dq, and bwd_combine for split groups), as ``frost.engines.sm80.backward_choices`` can
@@ -82,8 +85,10 @@ def admitted_bwd_params() -> list:
     # det, width, walk (ordered dQ; "sliced": the sliced dQ), warp turns; each walk only where
     # engines/sm80.ordered_walk takes it
     ordered = tuple((True, width, walk, turns) for width in (1, 4) for walk in DQ_WALKS for turns in (False, True))
-    # the sliced dQ writing its slices whole where it can (dq_slice_stores), and zeroed by bwd_pre
-    sliced = tuple((True, width, walk, False) for width in (1, 4) for walk in ("sliced", "sliced_zeroed"))
+    # the sliced dQ writing its slices whole where it can (dq_slice_stores), and zeroed by bwd_pre;
+    # its odd rounds walking in reverse (dq_slice_reverse), at SM90's width
+    sliced = (*((True, width, walk, False) for width in (1, 4) for walk in ("sliced", "sliced_zeroed")),
+              (True, 4, "sliced_reverse", False))
     modes = ((False, 1, None, False), (False, 4, None, False), (True, 1, None, False), *ordered, *sliced)
     # (dtype, broadcast, gradient wanted); without a gradient the broadcast changes no code
     biases = ((None, False, True), ("float32", False, True), ("float32", True, True), ("io", False, True),
@@ -95,9 +100,9 @@ def admitted_bwd_params() -> list:
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
-            dq_reduce_width=width, dq_ordered=walk in DQ_WALKS, dq_slices=walk in ("sliced", "sliced_zeroed"),
+            dq_reduce_width=width, dq_ordered=walk in DQ_WALKS, dq_slices=walk in SLICED_WALKS,
             bias_dtype=_bias_dtype(bias[0], dtype), bias_broadcast=bias[1], bias_grad=bias[2],
-            dq_slice_stores=walk == "sliced",
+            dq_slice_stores=walk != "sliced_zeroed", dq_slice_reverse=walk == "sliced_reverse",
         )
         walk = walk if walk in DQ_WALKS else None  # the sliced dQ walks no turns
         unmasked = not (main.has_window_left or main.has_window_right)

@@ -59,6 +59,8 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     assert {p.dq_slices for p in mains} == {False, True}
     assert {(p.dq_slice_stores, p.has_window_left) for p in mains if p.dq_slices} == {
         (True, False), (False, False), (False, True)}  # a left window: the slices are zeroed
+    assert {p.dq_slice_reverse for p in mains if p.dq_slices} == {False, True}
+    assert not any(p.dq_slice_reverse for p in mains if not p.dq_slices)
     for kind in (BwdPreParams, BwdConvertParams):  # they zero and sum the slices
         assert {p.dq_slices for p in ALL if isinstance(p, kind)} == {False, True}
     # a bias in each dtype; dbias stored in it, as fp32 partials, or reduced into fp32
@@ -195,7 +197,8 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
     the accumulator's head axis holds the slices (``dq_slice_count``, or a forced ``dq_slices``);
     the default mode ignores the option. Without a left window the main kernel writes its slices
     whole and bwd_pre zeroes nothing (``dq_slice_stores``); with one, or ``slice_stores=False``,
-    bwd_pre zeroes every slice."""
+    bwd_pre zeroes every slice. ``slice_reverse=True`` (off by default) walks the odd rounds in
+    reverse, and only the sliced dQ's."""
     from frost.engines.sm80 import MAX_DQ_SLICES, dq_slice_count
 
     q = torch.randn(2, 1000, 8, 64, dtype=torch.bfloat16)
@@ -209,7 +212,10 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
     pre, main, last = sliced.params
     assert main.dq_slices and main.reduces_dq and not (main.dq_ordered or main.heavy_first or main.dq_warp_turns)
     assert main.dq_slice_stores and not pre.dq_slices and pre.accum_tile_m == 0 and pre.dq_counters == 0
-    assert isinstance(last, BwdConvertParams) and last.dq_slices
+    assert isinstance(last, BwdConvertParams) and last.dq_slices and not main.dq_slice_reverse
+    reverse = Sm80Backward(sliced_dq=True, slice_reverse=True)
+    assert reverse.compile(problem()).params[1] == dataclasses.replace(main, dq_slice_reverse=True)
+    assert not reverse.records(problem(deterministic=False))[1].dq_slice_reverse
     for zeroed in (Sm80Backward(sliced_dq=True, slice_stores=False).compile(problem()),
                    Sm80Backward(sliced_dq=True).compile(problem(window=(100, 0)))):
         assert zeroed.params[1].dq_slices and not zeroed.params[1].dq_slice_stores
@@ -247,6 +253,8 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
     for bad in (dict(has_window_left=True), dict(dq_slices=False)):
         with pytest.raises(ValueError, match="dq_slice_stores"):
             dataclasses.replace(main, **bad).validate()
+    with pytest.raises(ValueError, match="dq_slice_reverse"):
+        dataclasses.replace(main, dq_slices=False, dq_slice_stores=False, dq_slice_reverse=True).validate()
 
 
 @pytest.mark.L0

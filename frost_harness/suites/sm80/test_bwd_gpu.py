@@ -451,7 +451,7 @@ SLICED_CASES = {  # WALK_CASES' problems (masks, padding, THD, a split group), a
     "d256_window": dict(head_dim_qk=256, head_dim_v=256, window=(200, 30), seqlen_q=700, seqlen_k=800),
 }
 SLICED_MODES = {"device_width": dict(), "scalar": dict(det_reduce_width=1), "two_slices": dict(dq_slices=2),
-                "zeroed": dict(slice_stores=False)}
+                "zeroed": dict(slice_stores=False), "reverse": dict(slice_reverse=True, dq_slices=2)}
 
 
 @pytest.mark.L0
@@ -462,11 +462,14 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     of slices and writes dQ into a slice of its own, summed in order by bwd_convert): judged
     against the oracle (the workspace holds NaN-payload sentinels: a chunk no kernel wrote fails)
     and 20 runs bit for bit, with the device's reduce width, with one float, with two slices
-    forced (every CTA then walks several key blocks), and with the slices zeroed by bwd_pre
-    instead of written whole (``slice_stores=False``); the plan took what was asked."""
+    forced (every CTA then walks several key blocks), with the slices zeroed by bwd_pre
+    instead of written whole (``slice_stores=False``), and with the odd rounds walking in reverse
+    (``slice_reverse``, two slices: every CTA has an odd round) and dQ bit for bit the forward
+    walk's; the plan took what was asked."""
     from frost.engines.sm80 import dq_slice_count
 
-    defaults = {"sliced_dq": True, "det_reduce_width": None, "dq_slices": None, "slice_stores": True}
+    defaults = {"sliced_dq": True, "det_reduce_width": None, "dq_slices": None, "slice_stores": True,
+                "slice_reverse": False}
     for attribute, value in {**defaults, **SLICED_MODES[mode]}.items():
         monkeypatch.setattr(_engine(), attribute, value)
     if name.startswith("gqa_split"):
@@ -481,6 +484,12 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     pre, main, convert = plan.params[:3]
     assert main.dq_slices and convert.dq_slices and not main.dq_ordered and not main.heavy_first
     assert main.dq_slice_stores == (mode != "zeroed" and not main.has_window_left) != pre.dq_slices
+    assert main.dq_slice_reverse == (mode == "reverse")
     sm90 = torch.cuda.get_device_capability() >= (9, 0)
     assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
-    assert plan.slices == (2 if mode == "two_slices" else dq_slice_count(problem, main, plan.splits))
+    assert plan.slices == (2 if mode in ("two_slices", "reverse") else dq_slice_count(problem, main, plan.splits))
+    if mode == "reverse":  # each chunk still takes one add per round, in round order
+        o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
+        reversed_dq = run_backward(inputs, o, lse, deterministic=True)[0][0]
+        monkeypatch.setattr(_engine(), "slice_reverse", False)
+        assert bits_equal(reversed_dq, run_backward(inputs, o, lse, deterministic=True)[0][0])
