@@ -48,8 +48,8 @@ reductions have landed, the main price of the order (H200: about 5-9% of the ste
 release, unsafe, measured that much cheaper). So the reductions go out as early as the step
 allows: 4 floats each where the device has ``red.global.add.v4.f32`` (SM90), and with
 ``dq_first`` before the dV product, so that two products hide their drain instead of one.
-Fixed order, fixed fp32 sums: bitwise reproducible, with no dQ recompute pass. The order is the walk's (order.py, which also argues why no CTA waits on
-one not yet launched):
+Fixed order, fixed fp32 sums: bitwise reproducible, with no dQ recompute pass. The order is
+the walk's (order.py, which also argues why no CTA waits on one not yet launched):
 
 - shared (any mask): key blocks lowest first, launched so (heavy_first); each walks its query
   blocks from the highest down, so the key blocks of a column that run at once start on the same
@@ -164,8 +164,8 @@ class BwdSetup(NamedTuple):
 def sdpa_bwd(
     mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor,
     mdQaccum: cute.Tensor | None, mdQcounters: cute.Tensor | None, mdK: cute.Tensor, mdV: cute.Tensor,
-    mBias: cute.Tensor | None, mdBias: cute.Tensor | None, mCuSeqlensQ: cute.Tensor | None, mCuSeqlensK: cute.Tensor | None,
-    mSeqlensQ: cute.Tensor | None, mSeqlensK: cute.Tensor | None,
+    mBias: cute.Tensor | None, mdBias: cute.Tensor | None, mCuSeqlensQ: cute.Tensor | None,
+    mCuSeqlensK: cute.Tensor | None, mSeqlensQ: cute.Tensor | None, mSeqlensK: cute.Tensor | None,
     scale: Float32, scale_log2: Float32, window_left: Int32, window_right: Int32, max_seqlen_k: Int32,
     num_splits: Int32, launch_group: Int32, stream,
 ):
