@@ -39,7 +39,8 @@ det_reduce_width=1)``: the deterministic default of masked problems before the d
 ``Sm80Backward(sliced_dq=True, slice_stores=True)``, the deterministic default where its slices
 fit and no left window forbids it), ``det_zeroed`` (the sliced dQ with its slices zeroed by
 bwd_pre and every key block reducing, ``slice_stores=False``), ``det_reverse`` (the sliced dQ
-with its odd rounds walking in reverse, ``slice_reverse=True``), each with its ``cost``, its time
+with its odd rounds walking in reverse, ``slice_reverse=True``), ``det_s_w1`` (the sliced dQ
+reducing one float at a time instead of 4), each with its ``cost``, its time
 over the default plan's. The default mode's (``--variants`` or ``--variants all``): ``w4`` (dQ
 reduced 4 floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` /
 ``hf_on`` (launch order), ``nosplit`` (GQA group unsplit). With ``--hdims`` it adds forward
@@ -221,7 +222,8 @@ DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_ordered": dict(sliced_dq
                 "det_shared": dict(dq_walk="shared", warp_turns=False, det_reduce_width=1),
                 "det_stores": dict(sliced_dq=True, slice_stores=True),
                 "det_zeroed": dict(sliced_dq=True, slice_stores=False),
-                "det_reverse": dict(sliced_dq=True, slice_reverse=True)}
+                "det_reverse": dict(sliced_dq=True, slice_reverse=True),
+                "det_s_w1": dict(sliced_dq=True, det_reduce_width=1)}
 
 
 def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
