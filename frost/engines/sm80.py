@@ -180,7 +180,7 @@ class Sm80Backward(Engine):
       an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or its slices beyond
       the first would take more than ``SLICED_EXTRA_SCRATCH`` bytes: on the H200 it cost less
       than the ordered dQ on 17 of the 18 benchmark shapes (benchmarks/NOTES.md, sixteenth
-      session). ``sliced_dq=True forces it, ``False`` keeps the ordered dQ. Without a left window
+      session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ. Without a left window
       its CTAs write their slices whole (``BwdParams.dq_slice_stores``: the first key block
       stores, zeros where the walk reaches nothing, so bwd_pre zeroes no slice; on the H200 it cost
       0.998-1.211 against 1.007-1.321 with the slices zeroed, benchmarks/NOTES.md, sixteenth
@@ -694,15 +694,24 @@ class _Sm80BackwardPlan(Plan):
 
         super().__init__(problem)
         self.params = params  # (pre, main, convert or deterministic dq[, combine])
-        self.splits = splits
         self.slices = slices  # the sliced dQ's (its accumulator's head axis carries the count to the kernels)
-        self.launch_group = launch_group(problem, params[1], splits)
-        self._launch = BwdLaunch(*compiled[:3], compiled[3] if splits > 1 else None, splits, self.launch_group,
-                                 params[0].accum_tile_m > 0, problem.scale, problem.window_left,
-                                 problem.window_right, problem.batch, problem.seqlen_q, problem.seqlen_k)
+        self._launch = BwdLaunch(*compiled[:3], compiled[3] if splits > 1 else None, splits,
+                                 launch_group(problem, params[1], splits), params[0].accum_tile_m > 0,
+                                 problem.scale, problem.window_left, problem.window_right, problem.batch,
+                                 problem.seqlen_q, problem.seqlen_k)
         self._workspace = _Workspace(problem, splits, params[0], params[1], slices)
         self.rope = rope  # its rotated q and k lead the workspace
         self._kept = _KeptScratch(self.workspace_bytes, self._carve, problem.device_type)
+
+    @property
+    def splits(self) -> int:
+        """The GQA group's split count (its dK / dV partials combined by bwd_combine)."""
+        return self._launch.splits
+
+    @property
+    def launch_group(self) -> int:
+        """The diagonal walk's heads launched together (``launch_group``)."""
+        return self._launch.launch_group
 
     @property
     def workspace_bytes(self) -> int:
