@@ -110,13 +110,14 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", action="store_true", help="print each path's time per kernel")
     args = parser.parse_args(argv)
     hq = args.hq or HIDDEN // args.d
+    hkv = args.hkv or hq
     b = args.b or max(TOKENS // args.s, 1)
-    shape = f"B={b} S={args.s} Hq={hq} Hkv={args.hkv or hq} d={args.d} causal={args.causal}"
+    shape = f"B={b} S={args.s} Hq={hq} Hkv={hkv} d={args.d} causal={args.causal}"
     runs = args.runs.split(",")
     for name in runs:
         if name not in PATHS:
             parser.error(f"--runs: unknown path {name!r} (known: {', '.join(PATHS)})")
-    paths = backward_paths(b, args.s, hq, args.hkv or hq, args.d, args.causal)
+    paths = backward_paths(b, args.s, hq, hkv, args.d, args.causal)
     for name in runs:
         fn = paths[name]()
         fn()  # compiles or loads the plan's kernels outside the timed runs
