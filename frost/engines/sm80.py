@@ -697,6 +697,7 @@ class _Sm80BackwardPlan(Plan):
         self.slices = slices  # the sliced dQ's (its accumulator's head axis carries the count to the kernels)
         self._launch = BwdLaunch(*compiled[:3], compiled[3] if splits > 1 else None, splits,
                                  launch_group(problem, params[1], splits), params[0].accum_tile_m > 0,
+                                 params[1].dq_slice_stores,
                                  problem.scale, problem.window_left, problem.window_right, problem.batch,
                                  problem.seqlen_q, problem.seqlen_k)
         self._workspace = _Workspace(problem, splits, params[0], params[1], slices)

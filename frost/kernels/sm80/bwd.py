@@ -75,8 +75,9 @@ round order, so dQ is bit for bit the same (dK and dV sum their steps in another
 (``dq_slice_stores``) the CTA writes its slice whole: its first key block, the lowest of its
 walk, sees every query block a later one does (both ends of ``m_block_range`` grow with the key
 block, and only a left window moves the upper end), so that block *stores* its dQ, the later ones
-add to it, and the CTA stores zeros in the chunks its walk never reaches; no pass zeroes the
-slices, and no first reduction reads zeros back from memory. With a left window ``sm80/bwd_pre``
+add to it, and the chunks its walk never reaches stay unwritten (``sm80/bwd_convert`` skips
+them by that first block's range); no pass zeroes the slices, and no first reduction reads
+zeros back from memory. With a left window ``sm80/bwd_pre``
 zeroes every slice and every block reduces.
 
 Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
@@ -259,8 +260,6 @@ def bwd_kernel(
             if key_block < num_key_blocks:
                 key_block_pass(cta, key_block, slice_head, False, round_ % 2)
                 cute.arch.barrier()
-        if const_expr(P.dq_slice_stores):
-            zero_unseen_chunks(cta, n_block, slice_head)
     else:
         key_block_pass(cta, n_block, 0, False)
 
@@ -550,9 +549,8 @@ def reduce_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
 
 @cute.jit
 def write_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
-    """Store a dQ fragment (or zeros: ``acc_dQ`` None) where ``reduce_dq`` would reduce it: the
-    sliced dQ's first values of a chunk (``dq_slice_stores``); whole lines per warp, vectors of
-    ``DQ_WIDTH`` floats."""
+    """Store a dQ fragment where ``reduce_dq`` would reduce it: the sliced dQ's first values of a
+    chunk (``dq_slice_stores``); whole lines per warp, vectors of ``DQ_WIDTH`` floats."""
     for j in cutlass.range_constexpr(TILE_M * TILE_HDIM_QK // (NUM_THREADS * DQ_WIDTH)):
         # the run starts at a multiple of DQ_WIDTH floats of a 256-byte aligned slab: say so, for one vector store
         start = dq_accum_slice(g_chunk, j, tidx, NUM_THREADS, DQ_WIDTH)
@@ -560,34 +558,7 @@ def write_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
             cute.make_ptr(Float32, start.toint(), cute.AddressSpace.gmem, assumed_align=4 * DQ_WIDTH),
             cute.make_layout(DQ_WIDTH),
         )
-        if const_expr(acc_dQ is None):
-            target.fill(0.0)
-        else:
-            target.store(cute.make_tensor(acc_dQ.iterator + DQ_WIDTH * j, cute.make_layout(DQ_WIDTH)).load())
-
-
-@cute.jit
-def zero_unseen_chunks(cta: KeyBlockCta, first_key_block, slice_head):
-    """Zeros in every chunk of this CTA's dQ slice (its heads, its sequence's query blocks) that
-    its walk never reaches (``dq_slice_stores``): outside the range of its first key block, which
-    holds every later block's (module docstring); all of them when that block sees no query."""
-    seen_min, seen_max = cta.mask.m_block_range(first_key_block)
-    if seen_max <= seen_min:
-        seen_min = Int32(0)
-        seen_max = Int32(0)
-    num_chunks = (cta.seqlen.rows_q + TILE_M - 1) // TILE_M
-    for h in cutlass.range(cta.heads_per_cta, unroll=1):
-        head = cta.first_head + h + slice_head
-        zero_chunks(cta, head, Int32(0), seen_min)
-        zero_chunks(cta, head, seen_max, num_chunks)
-
-
-@cute.jit
-def zero_chunks(cta: KeyBlockCta, head, start, stop):
-    """Zeros in chunks ``start`` up to ``stop`` of this CTA's sequence's slab of ``head``."""
-    for m_block in cutlass.range(start, stop, unroll=1):
-        chunk = cta.seqlen.dq_accum_chunk(cta.tensors.dq_accum, cta.batch, head, m_block, TILE_M, TILE_HDIM_QK)
-        write_dq(None, chunk, cta.tidx)
+        target.store(cute.make_tensor(acc_dQ.iterator + DQ_WIDTH * j, cute.make_layout(DQ_WIDTH)).load())
 
 
 def walk_step(i, num_steps, reverse):

@@ -225,11 +225,17 @@ def compile_bwd_convert(params: BwdConvertParams, arch: str | None = None):
 def _build_bwd_convert(params: BwdConvertParams, options: str):
     module = load_template(BWD_TEMPLATES[3], params)
     packed = params.layout == "thd"
-    dq = fake_rows_tensor(_DTYPES[params.dtype], packed, _head_dim(params.partial_hdim_qk, params.tile_hdim_qk))
+    dtype, dim_qk = _DTYPES[params.dtype], _head_dim(params.partial_hdim_qk, params.tile_hdim_qk)
     cu_q = fake_vector(Int32) if packed else None
+    # the main kernel's mask (dq_slice_stores only): k for its extents, the key lengths
+    masked = params.dq_slice_stores
+    k = fake_rows_tensor(dtype, packed, dim_qk) if masked else None
+    cu_k = fake_vector(Int32) if masked and packed else None
+    seqlens_q, seqlens_k = (fake_vector(Int32) if masked and params.has_seqlens else None for _ in range(2))
     return cute.compile(
-        module.sdpa_bwd_convert, fake_dq_accum(packed), dq, cu_q, Float32(1.0), Int32(0),
-        make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
+        module.sdpa_bwd_convert, fake_dq_accum(packed), fake_rows_tensor(dtype, packed, dim_qk), cu_q, k, cu_k,
+        seqlens_q, seqlens_k, Float32(1.0), Int32(0), Int32(0), make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=options,
     )
 
 
@@ -356,6 +362,7 @@ class BwdLaunch(NamedTuple):
     splits: int
     launch_group: int  # the diagonal walk's heads launched together (sm80/order.py)
     zero_accum: bool   # False: bwd_pre leaves the accumulator alone (compiled without it: dq_slice_stores)
+    convert_masked: bool  # bwd_convert reads k and the key lengths (BwdConvertParams.dq_slice_stores)
     scale: float
     window_left: int
     window_right: int
@@ -397,7 +404,8 @@ def launch_bwd(chain: BwdLaunch, t: Tensors, grads: Grads, scratch: dict) -> Non
         chain.last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], grads.dq, t.bias, t.cu_seqlens_q,
                    t.cu_seqlens_k, t.seqlens_q, t.seqlens_k, scale, scale_log2, left, right, chain.max_seqlen_q)
     elif queries:
-        chain.last(accum, grads.dq, t.cu_seqlens_q, scale, chain.max_seqlen_q)
+        masks = (t.k, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k) if chain.convert_masked else (None,) * 4
+        chain.last(accum, grads.dq, t.cu_seqlens_q, *masks, scale, right, chain.max_seqlen_q)
     if chain.splits > 1 and keys:
         chain.combine(dk_out, dv_out, grads.dk, grads.dv, t.cu_seqlens_k)
     if grads.dsinks is not None:

@@ -487,12 +487,24 @@ class BwdConvertParams(_Tiles):
     warps_m_dq: int
     dq_reduce_width: int
     dq_slices: bool = False  # sum the accumulator's slices in order (BwdParams.dq_slices)
+    # the main kernel wrote the slices whole (BwdParams.dq_slice_stores) but for the chunks a
+    # slice's walk never reaches, which hold no values: the sum skips them, by the main's mask
+    # (its key tile and mask fields below, default values otherwise)
+    dq_slice_stores: bool = False
+    tile_n: int = 0
+    has_seqlens: bool = False
+    has_window_right: bool = False
+    bottom_right: bool = False
+    has_window_left = False  # not a field: a left window rules out dq_slice_stores (AttentionMask reads it)
 
     @classmethod
     def of(cls, bwd: "BwdParams") -> "BwdConvertParams":
+        masked = dict(dq_slice_stores=True, tile_n=bwd.tile_n, has_seqlens=bwd.has_seqlens,
+                      has_window_right=bwd.has_window_right, bottom_right=bwd.bottom_right)
         return cls(dtype=bwd.dtype, flavor=bwd.flavor, partial_hdim_qk=bwd.partial_hdim_qk, layout=bwd.layout,
                    tile_m=bwd.tile_m, num_warps=bwd.num_warps, warps_m_dq=bwd.warps_m_dq,
-                   dq_reduce_width=bwd.dq_reduce_width, dq_slices=bwd.dq_slices)
+                   dq_reduce_width=bwd.dq_reduce_width, dq_slices=bwd.dq_slices,
+                   **(masked if bwd.dq_slice_stores else {}))
 
     def validate(self) -> "BwdConvertParams":
         bad = _checker(self)
@@ -500,6 +512,8 @@ class BwdConvertParams(_Tiles):
             bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
         if (self.tile_m * self.tile_hdim_qk) % (self.num_threads * self.dq_reduce_width):
             bad("the dQ chunk must split evenly into the threads' reductions")
+        if self.dq_slice_stores and not (self.dq_slices and self.tile_n > 0):
+            bad("dq_slice_stores reads slices (dq_slices) by the main kernel's mask, which needs its tile_n")
         return self
 
 

@@ -63,6 +63,9 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     assert not any(p.dq_slice_reverse for p in mains if not p.dq_slices)
     for kind in (BwdPreParams, BwdConvertParams):  # they zero and sum the slices
         assert {p.dq_slices for p in ALL if isinstance(p, kind)} == {False, True}
+    # slices written whole: the convert skips the chunks the main left unwritten, by its mask
+    converts = [p for p in ALL if isinstance(p, BwdConvertParams) and p.dq_slices]
+    assert {(p.dq_slice_stores, p.has_window_right) for p in converts} >= {(False, False), (True, False), (True, True)}
     # a bias in each dtype; dbias stored in it, as fp32 partials, or reduced into fp32
     assert {(p.bias_dtype == p.dtype, p.dbias_dtype, p.dbias_reduce) for p in mains if p.bias_dtype} == {
         (False, "float32", False), (False, "float32", True), (True, "float16", False), (True, "bfloat16", False),
@@ -213,6 +216,8 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
     assert main.dq_slices and main.reduces_dq and not (main.dq_ordered or main.heavy_first or main.dq_warp_turns)
     assert main.dq_slice_stores and not pre.dq_slices and pre.accum_tile_m == 0 and pre.dq_counters == 0
     assert isinstance(last, BwdConvertParams) and last.dq_slices and not main.dq_slice_reverse
+    assert last == BwdConvertParams.of(main) and last.dq_slice_stores and (last.tile_n, last.has_window_right) == (
+        main.tile_n, True)
     reverse = Sm80Backward(sliced_dq=True, slice_reverse=True)
     assert reverse.compile(problem()).params[1] == dataclasses.replace(main, dq_slice_reverse=True)
     assert not reverse.records(problem(deterministic=False))[1].dq_slice_reverse
@@ -220,6 +225,7 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
                    Sm80Backward(sliced_dq=True).compile(problem(window=(100, 0)))):
         assert zeroed.params[1].dq_slices and not zeroed.params[1].dq_slice_stores
         assert zeroed.params[0].dq_slices and zeroed.params[0].accum_tile_m == main.tile_m
+        assert not zeroed.params[2].dq_slice_stores and zeroed.params[2].tile_n == 0
     assert main.dq_reduce_width == 4 and main.dq_first  # off a GPU the plan is an SM90's; d64: dQ first
     # 2 x 8 heads of 8 key blocks on 132 SMs: 8 slices (128 CTAs), one key block each
     assert sliced.slices == 8 == dq_slice_count(problem(), main, 1)

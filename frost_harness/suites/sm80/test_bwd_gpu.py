@@ -484,6 +484,7 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     pre, main, convert = plan.params[:3]
     assert main.dq_slices and convert.dq_slices and not main.dq_ordered and not main.heavy_first
     assert main.dq_slice_stores == (mode != "zeroed" and not main.has_window_left) != pre.dq_slices
+    assert convert.dq_slice_stores == main.dq_slice_stores  # then it skips the chunks the main left unwritten
     assert main.dq_slice_reverse == (mode == "reverse")
     sm90 = torch.cuda.get_device_capability() >= (9, 0)
     assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
