@@ -182,12 +182,13 @@ class Sm80Backward(Engine):
       than the ordered dQ on 17 of the 18 benchmark shapes (benchmarks/NOTES.md, sixteenth
       session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ. Without a left window
       its CTAs write their slices whole (``BwdParams.dq_slice_stores``: the first key block
-      stores, zeros where the walk reaches nothing, so bwd_pre zeroes no slice; on the H200 it cost
-      0.998-1.211 against 1.007-1.321 with the slices zeroed, benchmarks/NOTES.md, sixteenth
-      session); ``slice_stores=False`` keeps bwd_pre's zeroing and every block's reductions.
-      ``slice_reverse=True`` walks the odd rounds' steps in reverse (``BwdParams.dq_slice_reverse``:
-      a round starts on the chunks the one before ended on; dQ bit for bit the same), off until
-      measured.
+      stores, the chunks the walk never reaches stay unwritten and bwd_convert skips them, so
+      bwd_pre zeroes no slice; on the H200 it cost 0.998-1.211 against 1.007-1.321 with the slices
+      zeroed, benchmarks/NOTES.md, sixteenth session); ``slice_stores=False`` keeps bwd_pre's
+      zeroing and every block's reductions. ``slice_reverse=True`` walks the odd rounds' steps in
+      reverse (``BwdParams.dq_slice_reverse``: a round starts on the chunks the one before ended
+      on; dQ bit for bit the same); off: on the H200 it cost more than the forward walk on 5 of 6
+      shapes measured (benchmarks/NOTES.md, nineteenth session).
     """
 
     name = "sdpa_bwd_sm80"
