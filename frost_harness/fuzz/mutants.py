@@ -85,6 +85,8 @@ FOCUS = {
     "dq-layout-width": "test_bwd_sm80_other_dq_reduce_width_matches_oracle and (dense or causal-torch)",
     "dq-ordered-turn": "test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs or "
                        "test_bwd_sm80_deterministic_mode_matches_oracle",
+    "dq-slice-skip-edge": "test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable and "
+                          "(causal_k_longer or gqa_split_window_br) and device_width",
     "combine-last-split": "test_bwd_sm80_split_group_matches_oracle and (gqa_dense or mqa_window)",
     "combine-rows-per-pass": "test_hdim_bwd_matches_oracle and (d192x128 or d168)",
     "combine-head-dim-guard": "test_hdim_bwd_matches_oracle and (d168 or d160x96)",
@@ -299,6 +301,10 @@ CATALOGUE: tuple[Mutant, ...] = (
        "    turn = n_block - first\n",
        "    turn = n_block - first - 1\n",
        "ordered deterministic dQ takes its turn one key block early (a race)"),
+    _m("dq-slice-skip-edge", "dq accumulator", "bwd_convert.py",
+       "if m_block >= seen_min and m_block < seen_max:",
+       "if m_block > seen_min and m_block < seen_max:",
+       "the sliced dQ loses each slice's first reached query block (a causal or right-window slice)"),
     # ---- split GQA groups (bwd_combine.py) ----------------------------------------------------
     _m("combine-last-split", "gqa", "bwd_combine.py",
        "for split in cutlass.range(mPart.shape[0], unroll=1):",
