@@ -188,7 +188,9 @@ class Sm80Backward(Engine):
       zeroing and every block's reductions. ``slice_reverse=True`` walks the odd rounds' steps in
       reverse (``BwdParams.dq_slice_reverse``: a round starts on the chunks the one before ended
       on; dQ bit for bit the same); off: on the H200 it cost more than the forward walk on 5 of 6
-      shapes measured (benchmarks/NOTES.md, nineteenth session).
+      shapes measured (benchmarks/NOTES.md, nineteenth session). ``fast_combine=True`` combines a
+      split group's dK / dV partials with 16 key rows per CTA and 4 splits' loads at a time
+      (``config.COMBINE_FAST``), off until measured.
     """
 
     name = "sdpa_bwd_sm80"
@@ -202,7 +204,7 @@ class Sm80Backward(Engine):
                  dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
                  bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None,
-                 slice_stores: bool = True, slice_reverse: bool = False):
+                 slice_stores: bool = True, slice_reverse: bool = False, fast_combine: bool = False):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -218,7 +220,8 @@ class Sm80Backward(Engine):
         self.sliced_dq = sliced_dq
         self.dq_slices = dq_slices  # forces the sliced dQ's count (dq_slice_count otherwise)
         self.slice_stores = slice_stores  # False: the sliced dQ's slices zeroed by bwd_pre
-        self.slice_reverse = slice_reverse  # the sliced dQ's odd rounds walk in reverse (to be measured)
+        self.slice_reverse = slice_reverse  # the sliced dQ's odd rounds walk in reverse (measured: dearer)
+        self.fast_combine = fast_combine  # BwdCombineParams.of(fast=True) for a split group (to be measured)
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -247,7 +250,7 @@ class Sm80Backward(Engine):
             main, splits = choices(False)
         pre = BwdPreParams.of(main, problem.has_sinks)
         last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
-        combine = (BwdCombineParams.of(main),) if splits > 1 else ()
+        combine = (BwdCombineParams.of(main, self.fast_combine),) if splits > 1 else ()
         return (pre, main, last, *combine), splits
 
     def slice_count(self, problem: Problem, main, splits: int) -> int:

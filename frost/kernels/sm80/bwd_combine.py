@@ -10,8 +10,10 @@ no reduction, slice or copy passes of its own.
 
 One CTA per (block of ``ROWS`` key rows, kv head, dk or dv); a thread owns
 ``VEC`` consecutive columns of a row: for each split it reads them (32 bytes,
-a warp covers whole rows) and it stores one 16-byte vector. Column vectors at
-or past the head dim are not touched (head dims are multiples of 8). Dense
+a warp covers whole rows; with ``split_unroll`` > 1 that many splits' loads
+are issued before their in-order adds) and it stores one 16-byte vector.
+Column vectors at or past the head dim are not touched (head dims are
+multiples of 8). Dense
 rows are (sequence, key) pairs of the padded extent, all written (the main
 kernel wrote zeros into padded key rows of every partial); packed rows past
 ``cu_seqlens_k[-1]`` are not the contract's and are not written.
@@ -27,7 +29,7 @@ DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
 PACKED = P.layout == "thd"
 TILE_HDIM_QK, TILE_HDIM_V = P.tile_hdim_qk, P.tile_hdim_v
 NUM_THREADS = 128
-ROWS = 64
+ROWS = P.rows_per_cta
 VEC = 8  # one 16-byte store of fp16/bf16
 
 
@@ -74,11 +76,34 @@ def combine_rows(mPart: cute.Tensor, mOut: cute.Tensor, mCuSeqlensK: cute.Tensor
                 # (VEC,): this thread's columns of the row, summed over the splits in order
                 acc = cute.make_rmem_tensor((VEC,), Float32)
                 acc.fill(0.0)
-                for split in cutlass.range(mPart.shape[0], unroll=1):
-                    source = cute.local_tile(_row(mPart, row, head, split), (VEC,), (column_vector,))
-                    acc.store(acc.load() + source.load())
-                target = cute.local_tile(_row(mOut, row, head, None), (VEC,), (column_vector,))
-                target.store(acc.load().to(DTYPE))
+                if const_expr(P.split_unroll == 1):
+                    for split in cutlass.range(mPart.shape[0], unroll=1):
+                        acc.store(acc.load() + _columns(mPart, row, head, split, column_vector).load())
+                else:
+                    sum_splits_staged(acc, mPart, row, head, column_vector)
+                _columns(mOut, row, head, None, column_vector).store(acc.load().to(DTYPE))
+
+
+@cute.jit
+def sum_splits_staged(acc: cute.Tensor, mPart: cute.Tensor, row, head, column_vector):
+    """acc += the splits' columns in split order, ``split_unroll`` splits at a time, each group's
+    loads issued before its first add, so that they are in flight together."""
+    num_splits = mPart.shape[0]
+    for first in cutlass.range(0, num_splits, P.split_unroll, unroll=1):
+        # split_unroll x (VEC,): the group's columns, loaded first
+        staged = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(P.split_unroll)]
+        for i in cutlass.range_constexpr(P.split_unroll):
+            if first + i < num_splits:
+                staged[i].store(_columns(mPart, row, head, first + i, column_vector).load())
+        for i in cutlass.range_constexpr(P.split_unroll):
+            if first + i < num_splits:
+                acc.store(acc.load() + staged[i].load())
+
+
+@cute.jit
+def _columns(mT: cute.Tensor, row, head, split, column_vector) -> cute.Tensor:
+    """(VEC,): this thread's columns of ``_row(mT, row, head, split)``."""
+    return cute.local_tile(_row(mT, row, head, split), (VEC,), (column_vector,))
 
 
 @cute.jit

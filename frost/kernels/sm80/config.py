@@ -526,14 +526,26 @@ class BwdCombineParams(_Tiles):
     dtype: str
     flavor: str
     layout: str
+    rows_per_cta: int = 64  # key rows per CTA (fewer: more CTAs, more loads in flight)
+    # a thread loads this many splits' columns before adding them (in split order), so that
+    # their loads are in flight together
+    split_unroll: int = 1
 
     @classmethod
-    def of(cls, bwd: "BwdParams") -> "BwdCombineParams":
-        return cls(dtype=bwd.dtype, flavor=bwd.flavor, layout=bwd.layout)
+    def of(cls, bwd: "BwdParams", fast: bool = False) -> "BwdCombineParams":
+        """``fast``: 16 rows per CTA and 4 splits' loads at a time (``COMBINE_FAST``)."""
+        return cls(dtype=bwd.dtype, flavor=bwd.flavor, layout=bwd.layout, **(COMBINE_FAST if fast else {}))
 
     def validate(self) -> "BwdCombineParams":
-        _checker(self)
+        bad = _checker(self)
+        if self.rows_per_cta not in (16, 32, 64) or self.split_unroll not in (1, 2, 4, 8):
+            bad("rows_per_cta must be 16, 32 or 64 and split_unroll 1, 2, 4 or 8")
         return self
+
+
+# BwdCombineParams.of(..., fast=True): to be measured against the default (benchmarks/NOTES.md,
+# nineteenth session: the default combine is latency-bound where the grid is small)
+COMBINE_FAST = dict(rows_per_cta=16, split_unroll=4)
 
 
 @dataclasses.dataclass(frozen=True)

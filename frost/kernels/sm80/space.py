@@ -122,6 +122,7 @@ def admitted_bwd_params() -> list:
         seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
         if split:
             seen[BwdCombineParams.of(main)] = None
+            seen[BwdCombineParams.of(main, fast=True)] = None
     return list(seen)
 
 

@@ -136,6 +136,32 @@ def test_bwd_sm80_split_group_matches_oracle(name, deterministic, monkeypatch):
                for p in _bwd_records(BwdParams)), "no split record was compiled"
 
 
+@pytest.mark.L0
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("name", ["mqa_window", "gqa_padding", "gqa_thd"])
+def test_bwd_sm80_fast_combine_matches_oracle_and_the_default_bit_for_bit(name, deterministic, monkeypatch):
+    """``Sm80Backward(fast_combine=True)`` (16 key rows per CTA, 4 splits' loads before their
+    adds) with one split per query head (6 splits: a group of 4 and a group of 2; 4 splits):
+    judged against the oracle, and dk and dv bit for bit the default combine's (the same adds
+    in the same order); the plan took the fast combine."""
+    from frost.kernels.sm80.config import COMBINE_FAST
+
+    fields = SPLIT_CASES[name]
+    monkeypatch.setattr(_engine(), "split", fields["heads_q"] // fields["heads_kv"])
+    monkeypatch.setattr(_engine(), "fast_combine", True)
+    case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, deterministic=deterministic, **fields)
+    _assert_sm80(case)
+    inputs = make_inputs(case)
+    problem, _ = prepare("forward", inputs.q, inputs.k, inputs.v, **inputs.keywords)  # facts only: as a backward
+    combine = _engine().compile(dataclasses.replace(problem, direction=DIRECTION, deterministic=deterministic)).params[3]
+    assert (combine.rows_per_cta, combine.split_unroll) == (COMBINE_FAST["rows_per_cta"], COMBINE_FAST["split_unroll"])
+    o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
+    fast = run_backward(inputs, o, lse, deterministic=deterministic)[0]
+    monkeypatch.setattr(_engine(), "fast_combine", False)
+    default = run_backward(inputs, o, lse, deterministic=deterministic)[0]
+    assert bits_equal(fast[1], default[1]) and bits_equal(fast[2], default[2])
+
+
 LAUNCH_ORDER_CASES = {  # right-bounded masks in each launch order; "many_heads": the dispatch's own pick
     "causal": dict(causal=True),
     "window_br_d256": dict(window=(30, 10), causal_align="bottom_right", seqlen_q=100, seqlen_k=260,
