@@ -40,11 +40,11 @@ det_reduce_width=1)``: the deterministic default of masked problems before the d
 fit and no left window forbids it), ``det_zeroed`` (the sliced dQ with its slices zeroed by
 bwd_pre and every key block reducing, ``slice_stores=False``), ``det_reverse`` (the sliced dQ
 with its odd rounds walking in reverse, ``slice_reverse=True``), ``det_s_w1`` (the sliced dQ
-reducing one float at a time instead of 4), ``det_comb`` (the split group's partials combined
-with ``fast_combine=True``), each with its ``cost``, its time over the default plan's. The
+reducing one float at a time instead of 4), ``det_comb64`` (the split group's partials combined
+64 key rows and one split at a time, ``fast_combine=False``), each with its ``cost``, its time over the default plan's. The
 default mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time,
 SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order),
-``nosplit`` (GQA group unsplit), ``comb`` (``fast_combine=True``). With ``--hdims`` it adds forward
+``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``). With ``--hdims`` it adds forward
 columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
 default), launched on the same tensors.
 
@@ -225,7 +225,7 @@ DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_ordered": dict(sliced_dq
                 "det_zeroed": dict(sliced_dq=True, slice_stores=False),
                 "det_reverse": dict(sliced_dq=True, slice_reverse=True),
                 "det_s_w1": dict(sliced_dq=True, det_reduce_width=1),
-                "det_comb": dict(sliced_dq=True, fast_combine=True)}
+                "det_comb64": dict(sliced_dq=True, fast_combine=False)}
 
 
 def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
@@ -236,7 +236,7 @@ def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
         forced["w4"] = dict(dq_reduce_width=4)
     if hq != hkv:
         forced["nosplit"] = dict(split=1)
-        forced["comb"] = dict(fast_combine=True)
+        forced["comb64"] = dict(fast_combine=False)
     # the wide flavors run 64x64 by default; 64x128 fits shared memory for d192x128 and d192, not d256
     tiles = ((128, 64), (64, 128)) if dqk <= 64 else ((64, 64),) if dqk <= 128 else ((64, 128),)
     for tm, tn in tiles:
@@ -503,7 +503,7 @@ def print_rope_table(rows: list[dict]) -> None:
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
     named = ["split", "frost_det", "det cost", *(f"{n}{cost}" for n in DET_VARIANTS for cost in ("", " cost")), "w4",
-             "hf_off", "hf_on", "nosplit", "comb", "t128x64", "t64x128", "t64x64"]
+             "hf_off", "hf_on", "nosplit", "comb64", "t128x64", "t64x128", "t64x64"]
     named += sorted({c for r in rows for c in r if c.startswith("f") and c[1:2].isdigit()})  # forward variants
     extra = [c for c in named if any(c in r for r in rows)]
     cols = ["direction", "B", "S", "Hq", "Hkv", "d", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS,

@@ -14,13 +14,15 @@ Same inputs as ``bench_sdpa.py`` (bf16; by default 16k tokens and hidden 2048, M
 ``--iters`` times in the order given: ``frost`` (the routed plan), ``wide`` (dQ reduced four
 floats at a time, SM90), ``det`` (deterministic), any of ``bench_sdpa.DET_VARIANTS``' columns
 (``det_reverse``, ``det_s_w1``, ...: deterministic mode with that engine choice forced), ``flash``
-(torch's FlashAttention-2 backward). Prints each path's median time, so a profiled run can be read
+(torch's FlashAttention-2 backward), or ``frost/...`` / ``det/...`` with engine choices forced by
+name (``det/split=2/dq_slices=8``, ``frost/fast_combine=True``: ``Sm80Backward``'s keywords). Prints each path's median time, so a profiled run can be read
 against an unprofiled one; with ``--kernels`` also the mean device time of each kernel per call
 (torch.profiler), which says what share of a path the pre, main, convert and combine kernels take.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 from pathlib import Path
 
@@ -59,10 +61,19 @@ def backward_paths(b: int, s: int, hq: int, hkv: int, d: int, causal: bool) -> d
         return lambda: torch.autograd.grad(out, inputs, do.transpose(1, 2), retain_graph=True)
 
     paths = {"frost": lambda: plan_run(False), "wide": lambda: plan_run(False, dq_reduce_width=4),
-             "det": lambda: plan_run(True), "flash": flash}
+             "det": lambda: plan_run(True), "flash": flash, "plan_run": plan_run}
     for name, choice in DET_VARIANTS.items():
         paths[name] = lambda choice=choice: plan_run(True, **choice)
     return paths
+
+
+def forced_path(name: str, paths: dict):
+    """``frost/k=v/...`` or ``det/k=v/...``: that mode's plan with Sm80Backward(k=v, ...), else None."""
+    base, *pairs = name.split("/")
+    if not pairs or base not in ("frost", "det") or not all("=" in pair for pair in pairs):
+        return None
+    choice = {key: ast.literal_eval(value) for key, value in (pair.split("=", 1) for pair in pairs)}
+    return lambda: paths["plan_run"](base == "det", **choice)
 
 
 def median_ms(fn, iters: int) -> float:
@@ -115,11 +126,11 @@ def main(argv=None) -> int:
     shape = f"B={b} S={args.s} Hq={hq} Hkv={hkv} d={args.d} causal={args.causal}"
     runs = args.runs.split(",")
     for name in runs:
-        if name not in PATHS:
-            parser.error(f"--runs: unknown path {name!r} (known: {', '.join(PATHS)})")
+        if name not in PATHS and forced_path(name, {}) is None:
+            parser.error(f"--runs: unknown path {name!r} (known: {', '.join(PATHS)}, frost/k=v, det/k=v)")
     paths = backward_paths(b, args.s, hq, hkv, args.d, args.causal)
     for name in runs:
-        fn = paths[name]()
+        fn = (paths[name] if name in PATHS else forced_path(name, paths))()
         fn()  # compiles or loads the plan's kernels outside the timed runs
         print(f"{name}: median {median_ms(fn, args.iters):.3f} ms over {args.iters} runs ({shape})")
         if args.kernels:

@@ -25,7 +25,6 @@ import importlib.util
 import math
 import threading
 import weakref
-from fractions import Fraction
 
 import torch
 
@@ -154,7 +153,8 @@ class Sm80Backward(Engine):
       nothing (benchmarks/NOTES.md, twelfth session); 1 float otherwise (d128: 1-4% slower with
       4; a bias: not measured); ``dq_reduce_width`` forces a width (2 and 4 need SM90);
     - the GQA split: the query heads of a group are spread over CTAs when the unsplit grid
-      would be under two waves of the device's SMs (``split`` forces a count; 1 disables);
+      would be under two waves of the device's SMs (with the sliced dQ: chosen with its slices,
+      ``sliced_group_split``; ``split`` forces a count; 1 disables);
     - heavy-first launch order for causal / right-windowed problems with few heads, where a wave
       still holds two CTAs per head (``heavy_first_keeps_locality``; ``heavy_first`` forces it);
     - for a dbias reduced over the batch (a bias broadcast over it, default mode): sequences
@@ -175,7 +175,8 @@ class Sm80Backward(Engine):
       nothing gained in the default mode). For d64 the dQ product comes first in a step
       (``dq_first``): 1.5-2.5% cheaper there, 1-3% dearer for d128 (H200, benchmarks/NOTES.md).
       The sliced dQ (sm80/bwd.py, "Sliced dQ": no turns, each CTA reduces into a slice of its
-      own; ``dq_slice_count`` slices, or ``dq_slices`` forced) serves deterministic mode by
+      own; the GQA split and the slices of least estimated chain time, ``sliced_chain_seconds``,
+      or ``dq_slices`` forced) serves deterministic mode by
       default (``sliced_dq=None``) unless the caller chose another way (``ordered_dq=False``, or
       an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or its slices beyond
       the first would take more than ``SLICED_EXTRA_SCRATCH`` bytes: on the H200 it cost less
@@ -188,9 +189,13 @@ class Sm80Backward(Engine):
       zeroing and every block's reductions. ``slice_reverse=True`` walks the odd rounds' steps in
       reverse (``BwdParams.dq_slice_reverse``: a round starts on the chunks the one before ended
       on; dQ bit for bit the same); off: on the H200 it cost more than the forward walk on 5 of 6
-      shapes measured (benchmarks/NOTES.md, nineteenth session). ``fast_combine=True`` combines a
-      split group's dK / dV partials with 16 key rows per CTA and 4 splits' loads at a time
-      (``config.COMBINE_FAST``), off until measured.
+      shapes measured (benchmarks/NOTES.md, nineteenth session). bwd_convert loads 2 slices
+      before adding them (``config.SLICE_UNROLL``: 1-5% faster on the H100); ``convert_unroll``
+      forces a count (``BwdConvertParams.slice_unroll``).
+    - the combine of a split group's dK / dV partials: 16 key rows per CTA and 4 splits' loads at
+      a time (``config.COMBINE_FAST``; H200: 1.4-2x faster where its grid is small, the same
+      where it is memory-bound, benchmarks/NOTES.md, twentieth session); ``fast_combine=False``
+      keeps 64 rows and one split at a time.
     """
 
     name = "sdpa_bwd_sm80"
@@ -204,7 +209,8 @@ class Sm80Backward(Engine):
                  dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
                  bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None,
-                 slice_stores: bool = True, slice_reverse: bool = False, fast_combine: bool = False):
+                 slice_stores: bool = True, slice_reverse: bool = False, fast_combine: bool = True,
+                 convert_unroll: int | None = None):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -221,7 +227,8 @@ class Sm80Backward(Engine):
         self.dq_slices = dq_slices  # forces the sliced dQ's count (dq_slice_count otherwise)
         self.slice_stores = slice_stores  # False: the sliced dQ's slices zeroed by bwd_pre
         self.slice_reverse = slice_reverse  # the sliced dQ's odd rounds walk in reverse (measured: dearer)
-        self.fast_combine = fast_combine  # BwdCombineParams.of(fast=True) for a split group (to be measured)
+        self.fast_combine = fast_combine  # BwdCombineParams.of(fast=...) for a split group
+        self.convert_unroll = convert_unroll  # BwdConvertParams.slice_unroll of a sliced dQ (None: SLICE_UNROLL)
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -249,7 +256,7 @@ class Sm80Backward(Engine):
         if self.sliced_dq is None and main.dq_slices and not self._slices_fit(problem, main, splits):
             main, splits = choices(False)
         pre = BwdPreParams.of(main, problem.has_sinks)
-        last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
+        last = BwdConvertParams.of(main, self.convert_unroll) if main.reduces_dq else BwdDqParams.of(main)
         combine = (BwdCombineParams.of(main, self.fast_combine),) if splits > 1 else ()
         return (pre, main, last, *combine), splits
 
@@ -453,35 +460,89 @@ MAX_DQ_SLICES = 8
 SLICED_EXTRA_SCRATCH = 1 << 30
 
 
-def _sliced_cost(problem: Problem, splits: int, slices: int, sms: int) -> tuple[Fraction, int]:
-    """(waves per unit of work, scratch) of the sliced dQ's grid with ``splits`` parts of each GQA
-    group and ``slices`` slices: a CTA does 1 / (splits * slices) of its (sequence, kv head)'s
-    work, one CTA per SM (the main kernel's residency); scratch in units of one fp32 K-sized
-    tensor, of which a dQ slice takes the group's size and a split the dK and dV partials."""
-    group = problem.heads_q // problem.heads_kv
+# the sliced dQ's plan (GQA split and slices) is the one of least estimated chain time
+# (``sliced_chain_seconds``): the main kernel's FLOPs at SLICED_MAIN_FLOPS on the SMs its grid
+# keeps busy, SPLIT_MAIN_COST slower with a split group, and the bytes the split's fp32 partials
+# (written by the main kernel, read by bwd_combine) and the slices (read by bwd_convert) move at
+# SLICED_PASS_BYTES. Fitted on the H200's GQA shapes (benchmarks/NOTES.md, twentieth session):
+# it picks the measured best or within 1.6% of it, e.g. Hq32 / Hkv8 B2 S4096 d128 unsplit with 8
+# slices (3% faster than split 4 with 2 slices, 8% on the H100), d64 Hq8 / Hkv2 split 4 x 4.
+SLICED_MAIN_FLOPS = 300e12
+SLICED_PASS_BYTES = 3.3e12
+SPLIT_MAIN_COST = 0.05
+
+
+def _first_row_seeing(problem: Problem, key: int) -> int:
+    """The first query row that sees key ``key`` under the problem's right bound (0 without one)."""
+    if problem.window_right < 0:
+        return 0
+    offset = problem.seqlen_k - problem.seqlen_q if problem.causal_align == "bottom_right" else 0
+    return min(max(key - offset - problem.window_right, 0), problem.seqlen_q)
+
+
+def _visible_fraction(problem: Problem) -> float:
+    """The share of (query, key) pairs the mask keeps, from 64 sampled keys."""
+    offset = problem.seqlen_k - problem.seqlen_q if problem.causal_align == "bottom_right" else 0
+    keys = range(0, problem.seqlen_k, max(problem.seqlen_k // 64, 1))
+    seen = 0
+    for key in keys:
+        last = problem.seqlen_q if problem.window_left < 0 else min(key - offset + problem.window_left + 1,
+                                                                   problem.seqlen_q)
+        seen += max(last - _first_row_seeing(problem, key), 0)
+    return seen / (len(keys) * problem.seqlen_q)
+
+
+def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int) -> float:
+    """The sliced dQ chain's estimated time with ``splits`` parts of each GQA group and ``slices``
+    slices (the constants above). A CTA does 1 / (splits * slices) of its (sequence, kv head)'s
+    work, one CTA per SM (the main kernel's residency). With ``dq_slice_stores`` slice s holds
+    rows from the first its first key block (key block s) reaches; otherwise bwd_pre zeroes the
+    slices whole and bwd_convert reads them whole."""
+    rows_q = problem.total_q or problem.batch * problem.seqlen_q
+    rows_k = problem.total_k or problem.batch * problem.seqlen_k
+    dqk, dv = problem.head_dim_qk, problem.head_dim_v
     ctas = problem.batch * problem.heads_kv * splits * slices
-    waves = Fraction(math.ceil(ctas / sms), splits * slices)
-    return waves, slices * group + (2 * splits if splits > 1 else 0)
+    busy = ctas / (math.ceil(ctas / _problem_sms(problem)) * _problem_sms(problem))
+    flops = 2.5 * 2 * rows_q * problem.seqlen_k * problem.heads_q * (dqk + dv) * _visible_fraction(problem)
+    main_seconds = flops / SLICED_MAIN_FLOPS / busy * (1 + SPLIT_MAIN_COST * (splits > 1))
+    partials = rows_k * problem.heads_kv * (dqk + dv) * (4 * splits * 2 + 2) if splits > 1 else 0
+    if main.dq_slice_stores:
+        sliced_rows = sum(problem.seqlen_q - _first_row_seeing(problem, s * main.tile_n) // main.tile_m * main.tile_m
+                          for s in range(slices)) * rows_q / problem.seqlen_q
+    else:
+        sliced_rows = 2 * slices * rows_q
+    convert = sliced_rows * problem.heads_q * dqk * 4 + rows_q * problem.heads_q * dqk * 2
+    return main_seconds + (partials + convert) / SLICED_PASS_BYTES
+
+
+def _sliced_plans(problem: Problem, main, splits: int | None = None) -> list[tuple[int, int]]:
+    """The (splits, slices) the sliced dQ may take: a divisor of the group (or ``splits``), at most
+    MAX_DQ_SLICES and the key blocks. (Where the chosen slices take more than SLICED_EXTRA_SCRATCH,
+    Sm80Backward takes the ordered dQ: fewer slices would leave SMs idle.)"""
+    group = problem.heads_q // problem.heads_kv
+    key_blocks = max(math.ceil(problem.seqlen_k / main.tile_n), 1)
+    return [(n, slices) for n in ((splits,) if splits else range(1, group + 1)) if group % n == 0
+            for slices in range(1, min(MAX_DQ_SLICES, key_blocks) + 1)]
+
+
+def _sliced_plan(problem: Problem, main, splits: int | None = None) -> tuple[int, int]:
+    """The sliced dQ's (splits, slices) of least ``sliced_chain_seconds``, the least scratch on a
+    tie (in fp32 K-sized units: a slice takes the group's size, a split two partials)."""
+    group = problem.heads_q // problem.heads_kv
+    return min(_sliced_plans(problem, main, splits),
+               key=lambda plan: (sliced_chain_seconds(problem, main, *plan),
+                                 plan[1] * group + (2 * plan[0] if plan[0] > 1 else 0)))
 
 
 def dq_slice_count(problem: Problem, main, splits: int) -> int:
-    """The sliced dQ's slices (``BwdParams.dq_slices``): CTAs per (sequence, kv head, split part),
-    each walking every slices-th key block. The count of the fewest waves per unit of work, then
-    the least scratch (``_sliced_cost``), at most MAX_DQ_SLICES and the key blocks."""
-    sms = _problem_sms(problem)
-    key_blocks = max(math.ceil(problem.seqlen_k / main.tile_n), 1)
-    return min(range(1, min(MAX_DQ_SLICES, key_blocks) + 1), key=lambda n: _sliced_cost(problem, splits, n, sms))
+    """The sliced dQ's slices (``BwdParams.dq_slices``) for ``splits`` parts of each GQA group: CTAs
+    per (sequence, kv head, split part), each walking every slices-th key block (``_sliced_plan``)."""
+    return _sliced_plan(problem, main, splits)[1]
 
 
 def sliced_group_split(problem: Problem, main) -> int:
-    """The GQA split for the sliced dQ, chosen with its slices (``dq_slice_count``): the divisor of
-    the group whose grid has the fewest waves per unit of work, then the least scratch. Splitting
-    a group costs two K-sized partials; a slice costs the group's size, so a wide group splits
-    before it slices (Hq32/Hkv8 B2 S4096: split 4 and 2 slices, 16 units, against 32 for 8 slices)."""
-    group = problem.heads_q // problem.heads_kv
-    sms = _problem_sms(problem)
-    return min((n for n in range(1, group + 1) if group % n == 0),
-               key=lambda n: _sliced_cost(problem, n, dq_slice_count(problem, main, n), sms))
+    """The GQA split for the sliced dQ, chosen with its slices (``_sliced_plan``)."""
+    return _sliced_plan(problem, main)[0]
 
 
 def bias_dtype_name(problem: Problem) -> str | None:

@@ -10,8 +10,8 @@ no reduction, slice or copy passes of its own.
 
 One CTA per (block of ``ROWS`` key rows, kv head, dk or dv); a thread owns
 ``VEC`` consecutive columns of a row: for each split it reads them (32 bytes,
-a warp covers whole rows; with ``split_unroll`` > 1 that many splits' loads
-are issued before their in-order adds) and it stores one 16-byte vector.
+a warp covers whole rows; ``split_unroll`` splits' loads are issued before
+their in-order adds) and it stores one 16-byte vector.
 Column vectors at or past the head dim are not touched (head dims are
 multiples of 8). Dense
 rows are (sequence, key) pairs of the padded extent, all written (the main
@@ -76,12 +76,7 @@ def combine_rows(mPart: cute.Tensor, mOut: cute.Tensor, mCuSeqlensK: cute.Tensor
                 # (VEC,): this thread's columns of the row, summed over the splits in order
                 acc = cute.make_rmem_tensor((VEC,), Float32)
                 acc.fill(0.0)
-                if const_expr(P.split_unroll == 1):
-                    # the loop as measured and GPU-tested before the staged variant: its own SASS
-                    for split in cutlass.range(mPart.shape[0], unroll=1):
-                        acc.store(acc.load() + _columns(mPart, row, head, split, column_vector).load())
-                else:
-                    sum_splits_staged(acc, mPart, row, head, column_vector)
+                sum_splits_staged(acc, mPart, row, head, column_vector)
                 _columns(mOut, row, head, None, column_vector).store(acc.load().to(DTYPE))
 
 

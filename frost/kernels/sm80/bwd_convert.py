@@ -11,7 +11,8 @@ reads its fragment values back from the block's chunk in the order
 coalesced; one vector of ``w`` floats per run), scales them by the softmax
 scale, rounds them to the io dtype and sends them through shared memory to
 128-bit stores of rows ``[0, rows_q)``. With ``dq_slices`` (deterministic
-mode) the block is the sum of the accumulator's slices, in slice order; with
+mode) the block is the sum of the accumulator's slices, in slice order
+(``slice_unroll`` slices' loads issued before their adds); with
 ``dq_slice_stores`` the chunks a slice's walk never reached were not written
 and are skipped (``sum_slices``). Dense padded rows come out as zeros: nothing
 but +-0 was reduced or stored into them, and a chunk no key block reached was
@@ -115,22 +116,30 @@ def sum_slices(acc: cute.Tensor, mdQaccum: cute.Tensor, seqlen: SeqlenInfo, mask
     walk starts on key block s, which sees every query block its later blocks do (sm80/bwd.py,
     "Sliced dQ"), so its chunk holds values iff the block is in that key block's range."""
     acc.fill(0.0)
-    for s in cutlass.range(accum_slices(mdQaccum, heads, PACKED), unroll=1):
-        chunk = seqlen.dq_accum_chunk(mdQaccum, batch, head + s * heads, m_block, TILE_M, TILE_HDIM_QK)
-        if const_expr(mask is None):
-            add_chunk(acc, chunk, tidx)
-        else:
-            seen_min, seen_max = mask.m_block_range(s)
-            if m_block >= seen_min and m_block < seen_max:
-                add_chunk(acc, chunk, tidx)
+    num_slices = accum_slices(mdQaccum, heads, PACKED)
+    for first in cutlass.range(0, num_slices, P.slice_unroll, unroll=1):
+        # slice_unroll x (frag): the group's values, all loaded before the first add
+        staged = [cute.make_rmem_tensor(acc.shape, Float32) for _ in range(P.slice_unroll)]
+        for i in cutlass.range_constexpr(P.slice_unroll):
+            if first + i < num_slices and slice_written(mask, first + i, m_block):
+                chunk = seqlen.dq_accum_chunk(mdQaccum, batch, head + (first + i) * heads, m_block, TILE_M,
+                                              TILE_HDIM_QK)
+                for j in cutlass.range_constexpr(cute.size(acc) // WIDTH):
+                    target = cute.make_tensor(staged[i].iterator + WIDTH * j, cute.make_layout(WIDTH))
+                    target.store(accum_run(chunk, j, tidx).load())
+        for i in cutlass.range_constexpr(P.slice_unroll):
+            if first + i < num_slices and slice_written(mask, first + i, m_block):
+                acc.store(acc.load() + staged[i].load())
 
 
 @cute.jit
-def add_chunk(acc: cute.Tensor, chunk: cute.Tensor, tidx):
-    """acc += this thread's values of one slice's chunk, run by run."""
-    for j in cutlass.range_constexpr(cute.size(acc) // WIDTH):
-        target = cute.make_tensor(acc.iterator + WIDTH * j, cute.make_layout(WIDTH))
-        target.store(target.load() + accum_run(chunk, j, tidx).load())
+def slice_written(mask: AttentionMask | None, s, m_block):
+    """Whether slice ``s`` holds values for query block ``m_block``: always without ``mask``;
+    with it, iff the block is in the range of the slice's first key block (``sum_slices``)."""
+    if const_expr(mask is None):
+        return True
+    seen_min, seen_max = mask.m_block_range(s)
+    return m_block >= seen_min and m_block < seen_max
 
 
 @cute.jit

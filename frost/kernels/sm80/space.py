@@ -120,9 +120,12 @@ def admitted_bwd_params() -> list:
                 seen[record] = None
         seen[BwdPreParams.of(main, sinks)] = None
         seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
+        if main.dq_slices:
+            for unroll in (1, 4):  # besides config.SLICE_UNROLL's 2
+                seen[BwdConvertParams.of(main, unroll)] = None
         if split:
             seen[BwdCombineParams.of(main)] = None
-            seen[BwdCombineParams.of(main, fast=True)] = None
+            seen[BwdCombineParams.of(main, fast=False)] = None
     return list(seen)
 
 

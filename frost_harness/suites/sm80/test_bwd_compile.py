@@ -194,6 +194,32 @@ def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
 
 
 @pytest.mark.L0
+def test_sliced_plan_is_the_least_estimated_chain_or_the_ordered_dq_past_the_scratch_bound():
+    """Deterministic mode's sliced dQ takes the (split, slices) of least ``sliced_chain_seconds``
+    (its mask term counts the pairs a causal mask keeps), and the ordered dQ where those slices
+    beyond the first would take more than SLICED_EXTRA_SCRATCH."""
+    from frost.engines import sm80 as engine
+
+    def problem(b, s, hq, hkv, d, causal=True):
+        q, k = torch.empty(b, s, hq, d, dtype=torch.bfloat16), torch.empty(b, s, hkv, d, dtype=torch.bfloat16)
+        return Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(b, hq, s), do=q, causal=causal,
+                                 deterministic=True)
+
+    d64 = problem(4, 2048, 8, 2, 64)  # the benchmark's: 4 splits x 4 slices, 128 CTAs
+    records, splits = Sm80Backward()._chain(d64)
+    plans = engine._sliced_plans(d64, records[1])
+    assert (splits, engine.dq_slice_count(d64, records[1], splits)) == (4, 4) and {(2, 8), (4, 8)} < set(plans)
+    least = engine.sliced_chain_seconds(d64, records[1], 4, 4)
+    assert all(least <= engine.sliced_chain_seconds(d64, records[1], *plan) for plan in plans)
+    assert abs(engine._visible_fraction(d64) - 0.5) < 0.01
+    assert engine._visible_fraction(problem(4, 2048, 8, 2, 64, causal=False)) == 1
+    big = problem(1, 32768, 32, 32, 128, causal=False)  # one fp32 dQ accumulator: 512 MiB, 32 CTAs a slice
+    assert engine.dq_slice_count(big, Sm80Backward(sliced_dq=True)._chain(big)[0][1], 1) == 4
+    main = Sm80Backward()._chain(big)[0][1]
+    assert main.dq_ordered and not main.dq_slices
+
+
+@pytest.mark.L0
 def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
     """``Sm80Backward(sliced_dq=True)``: the deterministic chain is bwd_pre, the main kernel
     writing its own slice (no turns, no launch order of its own) and bwd_convert summing them;
@@ -241,14 +267,15 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
                              do=torch.randn(16, 1000, 32, 64, dtype=torch.bfloat16), deterministic=True)
     assert dq_slice_count(many, main, 1) == 1 and 1 < MAX_DQ_SLICES <= 8
     assert Sm80Backward(sliced_dq=True).records(many)[1].dq_slice_stores  # one slice is written whole too
-    for heads, want in (((32, 8), (4, 2)), ((8, 1), (8, 8)), ((16, 16), (1, 4))):  # B2 S4096 d128 causal
+    # B2 S4096 d128 causal: Hq32 / Hkv8 stays unsplit (sliced_chain_seconds: a split slows the main
+    # kernel more than 8 slices' reads cost), MQA needs every split and slice to fill the SMs
+    for heads, want in (((32, 8), (1, 8)), ((8, 1), (8, 8)), ((16, 16), (1, 4))):
         gqa = Problem.from_call("backward", torch.empty(2, 4096, heads[0], 128, dtype=torch.bfloat16),
                                 *(torch.empty(2, 4096, heads[1], 128, dtype=torch.bfloat16),) * 2,
                                 o=torch.empty(2, 4096, heads[0], 128, dtype=torch.bfloat16),
                                 lse=torch.zeros(2, heads[0], 4096), do=torch.empty(2, 4096, heads[0], 128,
                                 dtype=torch.bfloat16), causal=True, deterministic=True)  # fmt: skip
         records, splits = Sm80Backward(sliced_dq=True)._chain(gqa)
-        # a group splits before it slices: a slice costs the group's size in scratch, a split two partials
         assert (splits, dq_slice_count(gqa, records[1], splits)) == want, heads
     for bad, match in ((dict(dq_ordered=True, dq_walk="shared", heavy_first=True), "dq_slices launches"),
                        (dict(batch_inner=True), "dq_slices launches"), (dict(deterministic=False), "dq_slices")):

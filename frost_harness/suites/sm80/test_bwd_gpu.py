@@ -139,11 +139,11 @@ def test_bwd_sm80_split_group_matches_oracle(name, deterministic, monkeypatch):
 @pytest.mark.L0
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("name", ["mqa_window", "gqa_padding", "gqa_thd"])
-def test_bwd_sm80_fast_combine_matches_oracle_and_the_default_bit_for_bit(name, deterministic, monkeypatch):
-    """``Sm80Backward(fast_combine=True)`` (16 key rows per CTA, 4 splits' loads before their
+def test_bwd_sm80_fast_combine_matches_oracle_and_one_split_at_a_time_bit_for_bit(name, deterministic, monkeypatch):
+    """The default combine (``fast_combine``: 16 key rows per CTA, 4 splits' loads before their
     adds) with one split per query head (6 splits: a group of 4 and a group of 2; 4 splits):
-    judged against the oracle, and dk and dv bit for bit the default combine's (the same adds
-    in the same order); the plan took the fast combine."""
+    judged against the oracle, and dk and dv bit for bit those of ``fast_combine=False`` (64 rows,
+    one split at a time: the same adds in the same order); the plan took the fast combine."""
     from frost.kernels.sm80.config import COMBINE_FAST
 
     fields = SPLIT_CASES[name]
@@ -477,7 +477,10 @@ SLICED_CASES = {  # WALK_CASES' problems (masks, padding, THD, a split group), a
     "d256_window": dict(head_dim_qk=256, head_dim_v=256, window=(200, 30), seqlen_q=700, seqlen_k=800),
 }
 SLICED_MODES = {"device_width": dict(), "scalar": dict(det_reduce_width=1), "two_slices": dict(dq_slices=2),
-                "zeroed": dict(slice_stores=False), "reverse": dict(slice_reverse=True, dq_slices=2)}
+                "zeroed": dict(slice_stores=False), "reverse": dict(slice_reverse=True, dq_slices=2),
+                "unroll4": dict(convert_unroll=4)}
+# modes whose dQ must be bit for bit that of these settings: the same adds in the same order
+SLICED_SAME_BITS = {"reverse": dict(slice_reverse=False), "unroll4": dict(convert_unroll=1)}
 
 
 @pytest.mark.L0
@@ -489,13 +492,15 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     against the oracle (the workspace holds NaN-payload sentinels: a chunk no kernel wrote fails)
     and 20 runs bit for bit, with the device's reduce width, with one float, with two slices
     forced (every CTA then walks several key blocks), with the slices zeroed by bwd_pre
-    instead of written whole (``slice_stores=False``), and with the odd rounds walking in reverse
+    instead of written whole (``slice_stores=False``), with the odd rounds walking in reverse
     (``slice_reverse``, two slices: every CTA has an odd round) and dQ bit for bit the forward
-    walk's; the plan took what was asked."""
+    walk's, and with bwd_convert loading 4 slices before their adds and dQ bit for bit one
+    slice at a time's (the default loads ``SLICE_UNROLL``); the plan took what was asked."""
     from frost.engines.sm80 import dq_slice_count
+    from frost.kernels.sm80.config import SLICE_UNROLL
 
     defaults = {"sliced_dq": True, "det_reduce_width": None, "dq_slices": None, "slice_stores": True,
-                "slice_reverse": False}
+                "slice_reverse": False, "convert_unroll": None}
     for attribute, value in {**defaults, **SLICED_MODES[mode]}.items():
         monkeypatch.setattr(_engine(), attribute, value)
     if name.startswith("gqa_split"):
@@ -515,8 +520,10 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     sm90 = torch.cuda.get_device_capability() >= (9, 0)
     assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
     assert plan.slices == (2 if mode in ("two_slices", "reverse") else dq_slice_count(problem, main, plan.splits))
-    if mode == "reverse":  # each chunk still takes one add per round, in round order
+    assert convert.slice_unroll == (4 if mode == "unroll4" else SLICE_UNROLL)
+    if mode in SLICED_SAME_BITS:
         o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
-        reversed_dq = run_backward(inputs, o, lse, deterministic=True)[0][0]
-        monkeypatch.setattr(_engine(), "slice_reverse", False)
-        assert bits_equal(reversed_dq, run_backward(inputs, o, lse, deterministic=True)[0][0])
+        dq = run_backward(inputs, o, lse, deterministic=True)[0][0]
+        for attribute, value in SLICED_SAME_BITS[mode].items():
+            monkeypatch.setattr(_engine(), attribute, value)
+        assert bits_equal(dq, run_backward(inputs, o, lse, deterministic=True)[0][0])
