@@ -498,6 +498,8 @@ def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int) -> fl
     work, one CTA per SM (the main kernel's residency). With ``dq_slice_stores`` slice s holds
     rows from the first its first key block (key block s) reaches; otherwise bwd_pre zeroes the
     slices whole and bwd_convert reads them whole."""
+    if problem.seqlen_q == 0 or problem.seqlen_k == 0:  # nothing to run: every plan costs nothing
+        return 0.0
     rows_q = problem.total_q or problem.batch * problem.seqlen_q
     rows_k = problem.total_k or problem.batch * problem.seqlen_k
     dqk, dv = problem.head_dim_qk, problem.head_dim_v

@@ -213,6 +213,9 @@ def test_sliced_plan_is_the_least_estimated_chain_or_the_ordered_dq_past_the_scr
     assert all(least <= engine.sliced_chain_seconds(d64, records[1], *plan) for plan in plans)
     assert abs(engine._visible_fraction(d64) - 0.5) < 0.01
     assert engine._visible_fraction(problem(4, 2048, 8, 2, 64, causal=False)) == 1
+    for empty in (problem(2, 0, 8, 2, 64), problem(2, 0, 8, 2, 64, causal=False)):  # no rows: no work, no plan cost
+        assert engine.sliced_chain_seconds(empty, records[1], 4, 4) == 0.0
+        assert Sm80Backward()._chain(empty)[1] == 1
     big = problem(1, 32768, 32, 32, 128, causal=False)  # one fp32 dQ accumulator: 512 MiB, 32 CTAs a slice
     assert engine.dq_slice_count(big, Sm80Backward(sliced_dq=True)._chain(big)[0][1], 1) == 4
     main = Sm80Backward()._chain(big)[0][1]
