@@ -41,7 +41,8 @@ fit and no left window forbids it), ``det_zeroed`` (the sliced dQ with its slice
 bwd_pre and every key block reducing, ``slice_stores=False``), ``det_reverse`` (the sliced dQ
 with its odd rounds walking in reverse, ``slice_reverse=True``), ``det_s_w1`` (the sliced dQ
 reducing one float at a time instead of 4), ``det_comb64`` (the split group's partials combined
-64 key rows and one split at a time, ``fast_combine=False``), each with its ``cost``, its time over the default plan's. The
+64 key rows and one split at a time, ``fast_combine=False``), each with its ``cost``, its time
+over the default plan's. The
 default mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time,
 SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order),
 ``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``). With ``--hdims`` it adds forward

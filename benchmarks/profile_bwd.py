@@ -14,8 +14,9 @@ Same inputs as ``bench_sdpa.py`` (bf16; by default 16k tokens and hidden 2048, M
 ``--iters`` times in the order given: ``frost`` (the routed plan), ``wide`` (dQ reduced four
 floats at a time, SM90), ``det`` (deterministic), any of ``bench_sdpa.DET_VARIANTS``' columns
 (``det_reverse``, ``det_s_w1``, ...: deterministic mode with that engine choice forced), ``flash``
-(torch's FlashAttention-2 backward), or ``frost/...`` / ``det/...`` with engine choices forced by
-name (``det/split=2/dq_slices=8``, ``frost/fast_combine=True``: ``Sm80Backward``'s keywords). Prints each path's median time, so a profiled run can be read
+(torch's FlashAttention-2 backward), or ``frost/...`` / ``det/...`` with engine choices forced
+by name (``det/split=2/dq_slices=8``, ``frost/fast_combine=False``: ``Sm80Backward``'s
+keywords). Prints each path's median time, so a profiled run can be read
 against an unprofiled one; with ``--kernels`` also the mean device time of each kernel per call
 (torch.profiler), which says what share of a path the pre, main, convert and combine kernels take.
 """
@@ -41,8 +42,9 @@ TOKENS, HIDDEN = 16384, 2048
 PATHS = ("frost", "wide", "det", *DET_VARIANTS, "flash")
 
 
-def backward_paths(b: int, s: int, hq: int, hkv: int, d: int, causal: bool) -> dict:
-    """Each path's name -> a function that builds it (plan, workspace) and returns one call."""
+def backward_paths(b: int, s: int, hq: int, hkv: int, d: int, causal: bool, forced=()) -> dict:
+    """Each path's name -> a function that builds it (plan, workspace) and returns one call; with
+    ``forced`` names (``forced_choice``) their paths too."""
     q, k, v, do = _inputs(b, s, hq, hkv, d, grad_out=True)
     o, lse = frost.sdpa_forward(q, k, v, causal=causal)
     grads = frost.Grads(torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
@@ -61,19 +63,20 @@ def backward_paths(b: int, s: int, hq: int, hkv: int, d: int, causal: bool) -> d
         return lambda: torch.autograd.grad(out, inputs, do.transpose(1, 2), retain_graph=True)
 
     paths = {"frost": lambda: plan_run(False), "wide": lambda: plan_run(False, dq_reduce_width=4),
-             "det": lambda: plan_run(True), "flash": flash, "plan_run": plan_run}
+             "det": lambda: plan_run(True), "flash": flash}
     for name, choice in DET_VARIANTS.items():
         paths[name] = lambda choice=choice: plan_run(True, **choice)
+    for name in forced:
+        paths[name] = lambda forced_run=forced_choice(name): plan_run(forced_run[0], **forced_run[1])
     return paths
 
 
-def forced_path(name: str, paths: dict):
-    """``frost/k=v/...`` or ``det/k=v/...``: that mode's plan with Sm80Backward(k=v, ...), else None."""
+def forced_choice(name: str) -> tuple[bool, dict] | None:
+    """``frost/k=v/...`` or ``det/k=v/...``: (deterministic, Sm80Backward keywords), else None."""
     base, *pairs = name.split("/")
     if not pairs or base not in ("frost", "det") or not all("=" in pair for pair in pairs):
         return None
-    choice = {key: ast.literal_eval(value) for key, value in (pair.split("=", 1) for pair in pairs)}
-    return lambda: paths["plan_run"](base == "det", **choice)
+    return base == "det", {key: ast.literal_eval(value) for key, value in (pair.split("=", 1) for pair in pairs)}
 
 
 def median_ms(fn, iters: int) -> float:
@@ -126,11 +129,11 @@ def main(argv=None) -> int:
     shape = f"B={b} S={args.s} Hq={hq} Hkv={hkv} d={args.d} causal={args.causal}"
     runs = args.runs.split(",")
     for name in runs:
-        if name not in PATHS and forced_path(name, {}) is None:
+        if name not in PATHS and forced_choice(name) is None:
             parser.error(f"--runs: unknown path {name!r} (known: {', '.join(PATHS)}, frost/k=v, det/k=v)")
-    paths = backward_paths(b, args.s, hq, hkv, args.d, args.causal)
+    paths = backward_paths(b, args.s, hq, hkv, args.d, args.causal, [n for n in runs if n not in PATHS])
     for name in runs:
-        fn = (paths[name] if name in PATHS else forced_path(name, paths))()
+        fn = paths[name]()
         fn()  # compiles or loads the plan's kernels outside the timed runs
         print(f"{name}: median {median_ms(fn, args.iters):.3f} ms over {args.iters} runs ({shape})")
         if args.kernels:

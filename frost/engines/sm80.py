@@ -496,8 +496,8 @@ def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int) -> fl
     """The sliced dQ chain's estimated time with ``splits`` parts of each GQA group and ``slices``
     slices (the constants above). A CTA does 1 / (splits * slices) of its (sequence, kv head)'s
     work, one CTA per SM (the main kernel's residency). With ``dq_slice_stores`` slice s holds
-    rows from the first its first key block (key block s) reaches; otherwise bwd_pre zeroes the
-    slices whole and bwd_convert reads them whole."""
+    the query blocks from the first one its first key block (key block s) sees on; otherwise
+    bwd_pre zeroes the slices whole and bwd_convert reads them whole."""
     if problem.seqlen_q == 0 or problem.seqlen_k == 0:  # nothing to run: every plan costs nothing
         return 0.0
     rows_q = problem.total_q or problem.batch * problem.seqlen_q
