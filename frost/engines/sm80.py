@@ -472,17 +472,21 @@ SLICED_PASS_BYTES = 3.3e12
 SPLIT_MAIN_COST = 0.05
 
 
+def _mask_offset(problem: Problem) -> int:
+    """How far the mask's diagonal is shifted right: Sk - Sq bottom-right aligned, else 0."""
+    return problem.seqlen_k - problem.seqlen_q if problem.causal_align == "bottom_right" else 0
+
+
 def _first_row_seeing(problem: Problem, key: int) -> int:
     """The first query row that sees key ``key`` under the problem's right bound (0 without one)."""
     if problem.window_right < 0:
         return 0
-    offset = problem.seqlen_k - problem.seqlen_q if problem.causal_align == "bottom_right" else 0
-    return min(max(key - offset - problem.window_right, 0), problem.seqlen_q)
+    return min(max(key - _mask_offset(problem) - problem.window_right, 0), problem.seqlen_q)
 
 
 def _visible_fraction(problem: Problem) -> float:
     """The share of (query, key) pairs the mask keeps, from 64 sampled keys."""
-    offset = problem.seqlen_k - problem.seqlen_q if problem.causal_align == "bottom_right" else 0
+    offset = _mask_offset(problem)
     keys = range(0, problem.seqlen_k, max(problem.seqlen_k // 64, 1))
     seen = 0
     for key in keys:

@@ -11,9 +11,8 @@ no reduction, slice or copy passes of its own.
 One CTA per (block of ``ROWS`` key rows, kv head, dk or dv); a thread owns
 ``VEC`` consecutive columns of a row: for each split it reads them (32 bytes,
 a warp covers whole rows; ``split_unroll`` splits' loads are issued before
-their in-order adds) and it stores one 16-byte vector.
-Column vectors at or past the head dim are not touched (head dims are
-multiples of 8). Dense
+their in-order adds) and it stores one 16-byte vector. Column vectors at or
+past the head dim are not touched (head dims are multiples of 8). Dense
 rows are (sequence, key) pairs of the padded extent, all written (the main
 kernel wrote zeros into padded key rows of every partial); packed rows past
 ``cu_seqlens_k[-1]`` are not the contract's and are not written.
