@@ -175,8 +175,8 @@ class Sm80Backward(Engine):
       nothing gained in the default mode). For d64 the dQ product comes first in a step
       (``dq_first``): 1.5-2.5% cheaper there, 1-3% dearer for d128 (H200, benchmarks/NOTES.md).
       The sliced dQ (sm80/bwd.py, "Sliced dQ": no turns, each CTA reduces into a slice of its
-      own; the GQA split and the slices of least estimated chain time, ``sliced_chain_seconds``,
-      or ``dq_slices`` forced) serves deterministic mode by
+      own; the GQA split and the slices of least scratch among those near the least estimated
+      chain time, ``sliced_chain_seconds``, or ``dq_slices`` forced) serves deterministic mode by
       default (``sliced_dq=None``) unless the caller chose another way (``ordered_dq=False``, or
       an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or its slices beyond
       the first would take more than ``SLICED_EXTRA_SCRATCH`` bytes: on the H200 it cost less
@@ -462,14 +462,22 @@ SLICED_EXTRA_SCRATCH = 1 << 30
 
 # the sliced dQ's plan (GQA split and slices) is the one of least estimated chain time
 # (``sliced_chain_seconds``): the main kernel's FLOPs at SLICED_MAIN_FLOPS on the SMs its grid
-# keeps busy, SPLIT_MAIN_COST slower with a split group, and the bytes the split's fp32 partials
-# (written by the main kernel, read by bwd_combine) and the slices (read by bwd_convert) move at
-# SLICED_PASS_BYTES. Fitted on the H200's GQA shapes (benchmarks/NOTES.md, twentieth session):
-# it picks the measured best or within 1.6% of it, e.g. Hq32 / Hkv8 B2 S4096 d128 unsplit with 8
-# slices (3% faster than split 4 with 2 slices, 8% on the H100), d64 Hq8 / Hkv2 split 4 x 4.
+# keeps busy (and its last round's), SPLIT_MAIN_COST slower with a split group, plus the q and dO
+# rows each key block's pass streams, read once for the slices of a head (they run together), at
+# SLICED_STREAM_BYTES; and the bytes the split's fp32 partials (written by the main kernel, read
+# by bwd_combine) and the slices (read by bwd_convert) move at SLICED_PASS_BYTES. Fitted on the
+# H200's GQA shapes (benchmarks/NOTES.md, twentieth session): it picks the measured best or within
+# 1.6% of it, e.g. Hq32 / Hkv8 B2 S4096 d128 unsplit with 8 slices (3% faster than split 4 with 2
+# slices, 8% on the H100), d64 Hq8 / Hkv2 split 4 x 4. The streaming term from the H100's MHA
+# shapes (twenty-first session): with one or two slices a head's q and dO went from memory once
+# per key block; the chains of the plans it now picks cost 1.040-1.128x the default's kernel
+# time where those cost 1.075-1.184x. Among the plans within SLICED_PLAN_SLACK of the least
+# estimate, the one of least scratch.
 SLICED_MAIN_FLOPS = 300e12
 SLICED_PASS_BYTES = 3.3e12
 SPLIT_MAIN_COST = 0.05
+SLICED_STREAM_BYTES = 5e12
+SLICED_PLAN_SLACK = 0.01
 
 
 def _mask_offset(problem: Problem) -> int:
@@ -510,7 +518,14 @@ def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int) -> fl
     ctas = problem.batch * problem.heads_kv * splits * slices
     busy = ctas / (math.ceil(ctas / _problem_sms(problem)) * _problem_sms(problem))
     flops = 2.5 * 2 * rows_q * problem.seqlen_k * problem.heads_q * (dqk + dv) * _visible_fraction(problem)
-    main_seconds = flops / SLICED_MAIN_FLOPS / busy * (1 + SPLIT_MAIN_COST * (splits > 1))
+    # the CTAs of the last round wait on those with one key block more
+    key_blocks = math.ceil(problem.seqlen_k / main.tile_n)
+    rounds = math.ceil(key_blocks / slices) * slices / key_blocks
+    main_seconds = flops / SLICED_MAIN_FLOPS / busy * rounds * (1 + SPLIT_MAIN_COST * (splits > 1))
+    # each pass streams its query heads' q and dO rows, which the slices of one (sequence, kv head,
+    # split part), launched together, read at about the same time: from memory once for all of them
+    streamed = key_blocks * rows_q * problem.heads_q * (dqk + dv) * 2 * _visible_fraction(problem) / slices
+    main_seconds += streamed / SLICED_STREAM_BYTES
     partials = rows_k * problem.heads_kv * (dqk + dv) * (4 * splits * 2 + 2) if splits > 1 else 0
     if main.dq_slice_stores:
         sliced_rows = sum(problem.seqlen_q - _first_row_seeing(problem, s * main.tile_n) // main.tile_m * main.tile_m
@@ -532,12 +547,15 @@ def _sliced_plans(problem: Problem, main, splits: int | None = None) -> list[tup
 
 
 def _sliced_plan(problem: Problem, main, splits: int | None = None) -> tuple[int, int]:
-    """The sliced dQ's (splits, slices) of least ``sliced_chain_seconds``, the least scratch on a
-    tie (in fp32 K-sized units: a slice takes the group's size, a split two partials)."""
+    """The sliced dQ's (splits, slices) of least scratch (in fp32 K-sized units: a slice takes the
+    group's size, a split two partials) among those within SLICED_PLAN_SLACK of the least
+    ``sliced_chain_seconds``: a slice more costs a whole fp32 dQ for a gain under the estimate's
+    precision."""
     group = problem.heads_q // problem.heads_kv
-    return min(_sliced_plans(problem, main, splits),
-               key=lambda plan: (sliced_chain_seconds(problem, main, *plan),
-                                 plan[1] * group + (2 * plan[0] if plan[0] > 1 else 0)))
+    plans = {plan: sliced_chain_seconds(problem, main, *plan) for plan in _sliced_plans(problem, main, splits)}
+    best = min(plans.values())
+    return min((plan for plan, seconds in plans.items() if seconds <= best * (1 + SLICED_PLAN_SLACK)),
+               key=lambda plan: (plan[1] * group + (2 * plan[0] if plan[0] > 1 else 0), plans[plan]))
 
 
 def dq_slice_count(problem: Problem, main, splits: int) -> int:

@@ -380,6 +380,9 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
     acc_dK.store(acc_dK.load() * scale)
     written_rows = seqlen.rows_k - n_block * TILE_N
     if const_expr(P.split_group):
+        # a pass without steps waited for none of its loads: none may still be landing when the
+        # sliced dQ's next pass loads into the same buffers (the unsplit epilogue below waits too)
+        cute.arch.cp_async_wait_group(0)
         thr_dkv = setup.tiled_mma_dkv.get_slice(tidx)
         store_partial(thr_dkv, acc_dK, mdK, TILE_HDIM_QK, split, seqlen, batch, head_kv, n_block, written_rows)
         store_partial(thr_dkv, acc_dV, mdV, TILE_HDIM_V, split, seqlen, batch, head_kv, n_block, written_rows)

@@ -293,3 +293,19 @@ def test_each_focus_selects_a_few_l0_gpu_tests():
     for mutant in CATALOGUE:
         hits = selected(mutant.first_tests)
         assert 1 <= len(hits) <= 16, f"{mutant.name}: its focus {mutant.first_tests!r} selects {len(hits)} tests"
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("log,verdict", [
+    ("....\n369 passed, 29 warnings in 267.86s (0:04:27)\n", 0),  # -q: no banner around the closing line
+    ("===== 12 passed, 1 xfailed in 3.1s =====\n", 0),
+    ("== 3 failed, 366 passed in 2.0s ==\n", 1),
+    ("1 error in 0.5s\n", 1),
+    # the harness's summary counts oracle cases and is not pytest's verdict; a run cut off has none
+    ("338 cases (334 routed, 4 forced): 330 passed, 8 failed\n", 1),
+    ("338 cases: 338 passed, 0 failed\n5 passed, 2 failed in 9.0s\n", 1),
+])
+def test_a_baseline_log_passes_only_on_pytests_closing_line_without_failures(log, verdict):
+    """``--baseline-log``: the unmutated run is judged by pytest's closing line, with or without
+    ``-q``; a log without one (a run that was cut off) or with failures or errors does not pass."""
+    assert mutate.baseline_verdict(log)[0] == verdict

@@ -475,6 +475,9 @@ SLICED_CASES = {  # WALK_CASES' problems (masks, padding, THD, a split group), a
     "many_heads_d128": dict(batch=4, heads_q=32, heads_kv=8, seqlen_q=1100, seqlen_k=1100, causal=True,
                             head_dim_qk=128, head_dim_v=128),
     "d256_window": dict(head_dim_qk=256, head_dim_v=256, window=(200, 30), seqlen_q=700, seqlen_k=800),
+    # a split group under a causal mask, packed: passes of every length, and none, in one walk
+    "gqa_split_causal_thd": dict(layout="thd", heads_q=8, heads_kv=2, lengths_q=(500, 3, 0, 260),
+                                 lengths_k=(300, 9, 4, 700), causal=True, causal_align="bottom_right", tail_q=4),
 }
 SLICED_MODES = {"device_width": dict(), "scalar": dict(det_reduce_width=1), "two_slices": dict(dq_slices=2),
                 "zeroed": dict(slice_stores=False), "reverse": dict(slice_reverse=True, dq_slices=2),
@@ -519,8 +522,10 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     assert main.dq_slice_reverse == (mode == "reverse")
     sm90 = torch.cuda.get_device_capability() >= (9, 0)
     assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
-    assert plan.slices == (2 if mode in ("two_slices", "reverse") else dq_slice_count(problem, main, plan.splits))
+    forced = SLICED_MODES[mode].get("dq_slices")
+    assert plan.slices == (forced or dq_slice_count(problem, main, plan.splits))
     assert convert.slice_unroll == (4 if mode == "unroll4" else SLICE_UNROLL)
+    assert main.split_group or not name.startswith("gqa_split")
     if mode in SLICED_SAME_BITS:
         o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
         dq = run_backward(inputs, o, lse, deterministic=True)[0][0]
