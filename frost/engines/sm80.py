@@ -176,10 +176,11 @@ class Sm80Backward(Engine):
       (``dq_first``): 1.5-2.5% cheaper there, 1-3% dearer for d128 (H200, benchmarks/NOTES.md).
       The sliced dQ (sm80/bwd.py, "Sliced dQ": no turns, each CTA reduces into a slice of its
       own; the GQA split and the slices of least scratch among those near the least estimated
-      chain time, ``sliced_chain_seconds``, or ``dq_slices`` forced) serves deterministic mode by
+      chain time, ``sliced_chain_seconds``, whose slices beyond the first fit
+      ``SLICED_EXTRA_SCRATCH``, or ``dq_slices`` forced) serves deterministic mode by
       default (``sliced_dq=None``) unless the caller chose another way (``ordered_dq=False``, or
-      an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or its slices beyond
-      the first would take more than ``SLICED_EXTRA_SCRATCH`` bytes: on the H200 it cost less
+      an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or filling the SMs
+      would take more slices than fit (``sliced_fills_the_device``): on the H200 it cost less
       than the ordered dQ on 17 of the 18 benchmark shapes (benchmarks/NOTES.md, sixteenth
       session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ. Without a left window
       its CTAs write their slices whole (``BwdParams.dq_slice_stores``: the first key block
@@ -253,7 +254,9 @@ class Sm80Backward(Engine):
         if sliced is None:  # the default: sliced in deterministic mode unless another way was chosen
             sliced = problem.deterministic and self.ordered_dq and self.dq_walk == "auto" and self.warp_turns
         main, splits = choices(sliced)
-        if self.sliced_dq is None and main.dq_slices and not self._slices_fit(problem, main, splits):
+        if self.sliced_dq is None and main.dq_slices and not (
+                extra_slices_fit(problem, self.slice_count(problem, main, splits))
+                and (self.dq_slices or sliced_fills_the_device(problem, main))):
             main, splits = choices(False)
         pre = BwdPreParams.of(main, problem.has_sinks)
         last = BwdConvertParams.of(main, self.convert_unroll) if main.reduces_dq else BwdDqParams.of(main)
@@ -263,13 +266,6 @@ class Sm80Backward(Engine):
     def slice_count(self, problem: Problem, main, splits: int) -> int:
         """The sliced dQ's slices: forced (``dq_slices``) or ``dq_slice_count``'s."""
         return self.dq_slices or dq_slice_count(problem, main, splits)
-
-    def _slices_fit(self, problem: Problem, main, splits: int) -> bool:
-        """Whether the sliced dQ's slices beyond the first (each a whole fp32 dQ accumulator) take
-        at most SLICED_EXTRA_SCRATCH bytes."""
-        slices = self.slice_count(problem, main, splits)
-        accumulator = problem.batch * problem.seqlen_q * problem.heads_q * problem.head_dim_qk * 4
-        return (slices - 1) * accumulator <= SLICED_EXTRA_SCRATCH
 
     def compile(self, problem: Problem) -> Plan:
         from frost.kernels.sm80 import compile as sm80_compile
@@ -455,8 +451,8 @@ def launch_group(problem: Problem, main, splits: int) -> int:
 # the sliced dQ's most slices: each is a whole fp32 dQ accumulator that the main kernel writes
 # whole (or bwd_pre zeroes) and bwd_convert reads back
 MAX_DQ_SLICES = 8
-# deterministic mode's default takes the ordered dQ where the sliced dQ's slices beyond the first
-# would take more than this (the default mode's accumulator is one slice already)
+# the sliced dQ's slices beyond the first take at most this; deterministic mode's default takes the
+# ordered dQ where filling the SMs would take more (the default mode's accumulator is one slice already)
 SLICED_EXTRA_SCRATCH = 1 << 30
 
 
@@ -504,7 +500,7 @@ def _visible_fraction(problem: Problem) -> float:
     return seen / (len(keys) * problem.seqlen_q)
 
 
-def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int) -> float:
+def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int, streaming: bool = True) -> float:
     """The sliced dQ chain's estimated time with ``splits`` parts of each GQA group and ``slices``
     slices (the constants above). A CTA does 1 / (splits * slices) of its (sequence, kv head)'s
     work, one CTA per SM (the main kernel's residency). With ``dq_slice_stores`` slice s holds
@@ -525,7 +521,7 @@ def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int) -> fl
     # each pass streams its query heads' q and dO rows, which the slices of one (sequence, kv head,
     # split part), launched together, read at about the same time: from memory once for all of them
     streamed = key_blocks * rows_q * problem.heads_q * (dqk + dv) * 2 * _visible_fraction(problem) / slices
-    main_seconds += streamed / SLICED_STREAM_BYTES
+    main_seconds += streamed / SLICED_STREAM_BYTES if streaming else 0.0
     partials = rows_k * problem.heads_kv * (dqk + dv) * (4 * splits * 2 + 2) if splits > 1 else 0
     if main.dq_slice_stores:
         sliced_rows = sum(problem.seqlen_q - _first_row_seeing(problem, s * main.tile_n) // main.tile_m * main.tile_m
@@ -538,24 +534,46 @@ def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int) -> fl
 
 def _sliced_plans(problem: Problem, main, splits: int | None = None) -> list[tuple[int, int]]:
     """The (splits, slices) the sliced dQ may take: a divisor of the group (or ``splits``), at most
-    MAX_DQ_SLICES and the key blocks. (Where the chosen slices take more than SLICED_EXTRA_SCRATCH,
-    Sm80Backward takes the ordered dQ: fewer slices would leave SMs idle.)"""
+    MAX_DQ_SLICES and the key blocks."""
     group = problem.heads_q // problem.heads_kv
     key_blocks = max(math.ceil(problem.seqlen_k / main.tile_n), 1)
     return [(n, slices) for n in ((splits,) if splits else range(1, group + 1)) if group % n == 0
             for slices in range(1, min(MAX_DQ_SLICES, key_blocks) + 1)]
 
 
+def extra_slices_fit(problem: Problem, slices: int) -> bool:
+    """Whether the sliced dQ's slices beyond the first (each a whole fp32 dQ accumulator) take at
+    most SLICED_EXTRA_SCRATCH bytes."""
+    accumulator = problem.batch * problem.seqlen_q * problem.heads_q * problem.head_dim_qk * 4
+    return (slices - 1) * accumulator <= SLICED_EXTRA_SCRATCH
+
+
 def _sliced_plan(problem: Problem, main, splits: int | None = None) -> tuple[int, int]:
-    """The sliced dQ's (splits, slices) of least scratch (in fp32 K-sized units: a slice takes the
-    group's size, a split two partials) among those within SLICED_PLAN_SLACK of the least
-    ``sliced_chain_seconds``: a slice more costs a whole fp32 dQ for a gain under the estimate's
-    precision."""
-    group = problem.heads_q // problem.heads_kv
-    plans = {plan: sliced_chain_seconds(problem, main, *plan) for plan in _sliced_plans(problem, main, splits)}
+    """The sliced dQ's (splits, slices) of least scratch (``_scratch_units``) among the plans that
+    fit (``extra_slices_fit``) within
+    SLICED_PLAN_SLACK of their least ``sliced_chain_seconds``: a slice more costs a whole fp32 dQ
+    for a gain under the estimate's precision."""
+    plans = {plan: sliced_chain_seconds(problem, main, *plan)
+             for plan in _sliced_plans(problem, main, splits) if extra_slices_fit(problem, plan[1])}
     best = min(plans.values())
     return min((plan for plan, seconds in plans.items() if seconds <= best * (1 + SLICED_PLAN_SLACK)),
-               key=lambda plan: (plan[1] * group + (2 * plan[0] if plan[0] > 1 else 0), plans[plan]))
+               key=lambda plan: (_scratch_units(problem, plan), plans[plan]))
+
+
+def _scratch_units(problem: Problem, plan: tuple[int, int]) -> int:
+    """A sliced plan's scratch in fp32 K-sized units: a slice takes the group's size, a split two partials."""
+    splits, slices = plan
+    return slices * (problem.heads_q // problem.heads_kv) + (2 * splits if splits > 1 else 0)
+
+
+def sliced_fills_the_device(problem: Problem, main) -> bool:
+    """Whether the plan of least ``sliced_chain_seconds`` without the streaming term (the SMs its
+    grid keeps busy, and the passes' byte counts) fits SLICED_EXTRA_SCRATCH. Not (a long sequence
+    of few heads, whose slices within the bound would leave SMs idle): deterministic mode takes the
+    ordered dQ, which launches every key block at once."""
+    plans = _sliced_plans(problem, main)
+    return extra_slices_fit(problem, min(plans, key=lambda plan: (
+        sliced_chain_seconds(problem, main, *plan, streaming=False), _scratch_units(problem, plan)))[1])
 
 
 def dq_slice_count(problem: Problem, main, splits: int) -> int:

@@ -196,10 +196,10 @@ def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
 @pytest.mark.L0
 def test_sliced_plan_is_the_least_estimated_chain_or_the_ordered_dq_past_the_scratch_bound():
     """Deterministic mode's sliced dQ takes the (split, slices) of least scratch within
-    SLICED_PLAN_SLACK of the least ``sliced_chain_seconds`` (its mask term counts the pairs a
-    causal mask keeps; its streaming term the q and dO rows each pass reads, shared by the slices
-    of a head), and the ordered dQ where those slices beyond the first would take more than
-    SLICED_EXTRA_SCRATCH."""
+    SLICED_PLAN_SLACK of the least ``sliced_chain_seconds`` among the plans whose slices beyond
+    the first fit SLICED_EXTRA_SCRATCH (its mask term counts the pairs a causal mask keeps; its
+    streaming term the q and dO rows each pass reads, shared by the slices of a head), and the
+    ordered dQ where the plan that fills the SMs best (the estimate without streaming) does not fit."""
     from frost.engines import sm80 as engine
 
     def problem(b, s, hq, hkv, d, causal=True):
@@ -224,7 +224,10 @@ def test_sliced_plan_is_the_least_estimated_chain_or_the_ordered_dq_past_the_scr
         assert engine.sliced_chain_seconds(empty, records[1], 4, 4) == 0.0
         assert Sm80Backward()._chain(empty)[1] == 1
     big = problem(1, 32768, 32, 32, 128, causal=False)  # one fp32 dQ accumulator: 512 MiB, 32 CTAs a slice
-    assert engine.dq_slice_count(big, Sm80Backward(sliced_dq=True)._chain(big)[0][1], 1) == 8  # 256 CTAs
+    # filling the SMs takes 4 slices or more (32 CTAs a slice), past the bound: the default takes the
+    # ordered dQ; forced, the sliced dQ takes the most slices within it
+    assert not engine.sliced_fills_the_device(big, Sm80Backward(sliced_dq=True)._chain(big)[0][1])
+    assert engine.dq_slice_count(big, Sm80Backward(sliced_dq=True)._chain(big)[0][1], 1) == 3
     main = Sm80Backward()._chain(big)[0][1]
     assert main.dq_ordered and not main.dq_slices
 
