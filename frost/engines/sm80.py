@@ -254,10 +254,10 @@ class Sm80Backward(Engine):
         if sliced is None:  # the default: sliced in deterministic mode unless another way was chosen
             sliced = problem.deterministic and self.ordered_dq and self.dq_walk == "auto" and self.warp_turns
         main, splits = choices(sliced)
-        if self.sliced_dq is None and main.dq_slices and not (
-                extra_slices_fit(problem, self.slice_count(problem, main, splits))
-                and (self.dq_slices or sliced_fills_the_device(problem, main))):
-            main, splits = choices(False)
+        if self.sliced_dq is None and main.dq_slices:  # the ordered dQ where the slices do not fit
+            forced = self.dq_slices
+            if not (extra_slices_fit(problem, forced) if forced else sliced_fills_the_device(problem, main)):
+                main, splits = choices(False)
         pre = BwdPreParams.of(main, problem.has_sinks)
         last = BwdConvertParams.of(main, self.convert_unroll) if main.reduces_dq else BwdDqParams.of(main)
         combine = (BwdCombineParams.of(main, self.fast_combine),) if splits > 1 else ()
@@ -456,8 +456,8 @@ MAX_DQ_SLICES = 8
 SLICED_EXTRA_SCRATCH = 1 << 30
 
 
-# the sliced dQ's plan (GQA split and slices) is the one of least estimated chain time
-# (``sliced_chain_seconds``): the main kernel's FLOPs at SLICED_MAIN_FLOPS on the SMs its grid
+# the sliced dQ's plan (GQA split and slices) is chosen by its estimated chain time
+# (``sliced_chain_seconds``, ``_sliced_plan``): the main kernel's FLOPs at SLICED_MAIN_FLOPS on the SMs its grid
 # keeps busy (and its last round's), SPLIT_MAIN_COST slower with a split group, plus the q and dO
 # rows each key block's pass streams, read once for the slices of a head (they run together), at
 # SLICED_STREAM_BYTES; and the bytes the split's fp32 partials (written by the main kernel, read
@@ -516,8 +516,8 @@ def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int, strea
     flops = 2.5 * 2 * rows_q * problem.seqlen_k * problem.heads_q * (dqk + dv) * _visible_fraction(problem)
     # the CTAs of the last round wait on those with one key block more
     key_blocks = math.ceil(problem.seqlen_k / main.tile_n)
-    rounds = math.ceil(key_blocks / slices) * slices / key_blocks
-    main_seconds = flops / SLICED_MAIN_FLOPS / busy * rounds * (1 + SPLIT_MAIN_COST * (splits > 1))
+    round_imbalance = math.ceil(key_blocks / slices) * slices / key_blocks
+    main_seconds = flops / SLICED_MAIN_FLOPS / busy * round_imbalance * (1 + SPLIT_MAIN_COST * (splits > 1))
     # each pass streams its query heads' q and dO rows, which the slices of one (sequence, kv head,
     # split part), launched together, read at about the same time: from memory once for all of them
     streamed = key_blocks * rows_q * problem.heads_q * (dqk + dv) * 2 * _visible_fraction(problem) / slices
@@ -550,9 +550,8 @@ def extra_slices_fit(problem: Problem, slices: int) -> bool:
 
 def _sliced_plan(problem: Problem, main, splits: int | None = None) -> tuple[int, int]:
     """The sliced dQ's (splits, slices) of least scratch (``_scratch_units``) among the plans that
-    fit (``extra_slices_fit``) within
-    SLICED_PLAN_SLACK of their least ``sliced_chain_seconds``: a slice more costs a whole fp32 dQ
-    for a gain under the estimate's precision."""
+    fit (``extra_slices_fit``) within SLICED_PLAN_SLACK of their least ``sliced_chain_seconds``: a
+    slice more costs a whole fp32 dQ for a gain under the estimate's precision."""
     plans = {plan: sliced_chain_seconds(problem, main, *plan)
              for plan in _sliced_plans(problem, main, splits) if extra_slices_fit(problem, plan[1])}
     best = min(plans.values())
