@@ -457,8 +457,8 @@ SLICED_EXTRA_SCRATCH = 1 << 30
 
 
 # the sliced dQ's plan (GQA split and slices) is chosen by its estimated chain time
-# (``sliced_chain_seconds``, ``_sliced_plan``): the main kernel's FLOPs at SLICED_MAIN_FLOPS on the SMs its grid
-# keeps busy (and its last round's), SPLIT_MAIN_COST slower with a split group, plus the q and dO
+# (``sliced_chain_seconds``, ``_sliced_plan``): the main kernel's FLOPs at SLICED_MAIN_FLOPS on
+# the SMs its grid keeps busy (and its last round's), SPLIT_MAIN_COST slower with a split group, plus the q and dO
 # rows each key block's pass streams, read once for the slices of a head (they run together), at
 # SLICED_STREAM_BYTES; and the bytes the split's fp32 partials (written by the main kernel, read
 # by bwd_combine) and the slices (read by bwd_convert) move at SLICED_PASS_BYTES. Fitted on the
@@ -513,14 +513,15 @@ def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int, strea
     dqk, dv = problem.head_dim_qk, problem.head_dim_v
     ctas = problem.batch * problem.heads_kv * splits * slices
     busy = ctas / (math.ceil(ctas / _problem_sms(problem)) * _problem_sms(problem))
-    flops = 2.5 * 2 * rows_q * problem.seqlen_k * problem.heads_q * (dqk + dv) * _visible_fraction(problem)
+    visible = _visible_fraction(problem)
+    flops = 2.5 * 2 * rows_q * problem.seqlen_k * problem.heads_q * (dqk + dv) * visible
     # the CTAs of the last round wait on those with one key block more
     key_blocks = math.ceil(problem.seqlen_k / main.tile_n)
     round_imbalance = math.ceil(key_blocks / slices) * slices / key_blocks
     main_seconds = flops / SLICED_MAIN_FLOPS / busy * round_imbalance * (1 + SPLIT_MAIN_COST * (splits > 1))
     # each pass streams its query heads' q and dO rows, which the slices of one (sequence, kv head,
     # split part), launched together, read at about the same time: from memory once for all of them
-    streamed = key_blocks * rows_q * problem.heads_q * (dqk + dv) * 2 * _visible_fraction(problem) / slices
+    streamed = key_blocks * rows_q * problem.heads_q * (dqk + dv) * 2 * visible / slices
     main_seconds += streamed / SLICED_STREAM_BYTES if streaming else 0.0
     partials = rows_k * problem.heads_kv * (dqk + dv) * (4 * splits * 2 + 2) if splits > 1 else 0
     if main.dq_slice_stores:
