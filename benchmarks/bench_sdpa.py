@@ -226,7 +226,8 @@ DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_ordered": dict(sliced_dq
                 "det_zeroed": dict(sliced_dq=True, slice_stores=False),
                 "det_reverse": dict(sliced_dq=True, slice_reverse=True),
                 "det_s_w1": dict(sliced_dq=True, det_reduce_width=1),
-                "det_comb64": dict(sliced_dq=True, fast_combine=False)}
+                "det_comb64": dict(sliced_dq=True, fast_combine=False),
+                "det_fused": dict(sliced_dq=True, fused_convert=True)}
 
 
 def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:

@@ -87,6 +87,8 @@ FOCUS = {
                        "test_bwd_sm80_deterministic_mode_matches_oracle",
     "dq-slice-skip-edge": "test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable and "
                           "(causal_k_longer or gqa_split_window_br) and device_width",
+    "fused-arrival-short": "test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable and "
+                           "(causal_k_longer or gqa_split_causal_thd) and fused",
     "combine-last-split": "test_bwd_sm80_split_group_matches_oracle and (gqa_dense or mqa_window)",
     "combine-rows-per-pass": "test_hdim_bwd_matches_oracle and (d192x128 or d168)",
     "combine-head-dim-guard": "test_hdim_bwd_matches_oracle and (d168 or d160x96)",
@@ -203,9 +205,9 @@ CATALOGUE: tuple[Mutant, ...] = (
        "acc_dK.store(acc_dK.load() * scale)",
        "acc_dK.store(acc_dK.load())",
        "dK off by the softmax scale"),
-    _m("dq-convert-scale-missing", "scale", "bwd_convert.py",
-       ".store(accum_run(chunk, j, tidx).load() * scale)",
-       ".store(accum_run(chunk, j, tidx).load())",
+    _m("dq-convert-scale-missing", "scale", "dq_chunks.py",
+       "    acc.store(acc.load() * scale)\n",
+       "",
        "dQ off by the softmax scale"),
     _m("dq-det-scale-doubled", "scale", "bwd_dq.py",
        "acc_dQ.store(acc_dQ.load() * scale)",
@@ -301,10 +303,15 @@ CATALOGUE: tuple[Mutant, ...] = (
        "    turn = n_block - first\n",
        "    turn = n_block - first - 1\n",
        "ordered deterministic dQ takes its turn one key block early (a race)"),
-    _m("dq-slice-skip-edge", "dq accumulator", "bwd_convert.py",
+    _m("dq-slice-skip-edge", "dq accumulator", "dq_chunks.py",
        "return m_block >= seen_min and m_block < seen_max",
        "return m_block > seen_min and m_block < seen_max",
        "the sliced dQ loses each slice's first reached query block (a causal or right-window slice)"),
+    _m("fused-arrival-short", "dq accumulator", "fused_convert.py",
+       "if arrived == self.expected(m_block):",
+       "if arrived == self.expected(m_block) - 1:",
+       "the fused convert sums a block one arrival early: its last slice may not have landed, and a "
+       "block one slice writes is never summed"),
     # ---- split GQA groups (bwd_combine.py) ----------------------------------------------------
     _m("combine-last-split", "gqa", "bwd_combine.py",
        "    num_splits = mPart.shape[0]\n",
