@@ -200,12 +200,12 @@ FWD_VARIANT_TILES = ((128, 64, 8), (64, 64, 4), (128, 128, 8), (128, 32, 8))  # 
 
 
 def forward_variants(default) -> dict:
-    """``--hdims --variants``: the forward's params with other tiles, by column name (the wide
-    flavors only; tiles the record's validator refuses, e.g. for shared memory, are left out)."""
+    """``--variants all``: the forward's params with other tiles, by column name (tiles the
+    record's validator refuses, e.g. for shared memory, are left out). For d64, 128x128 with 8
+    warps is the spill-free form of the default 128x128 with 4 (sm_90: 205 registers, no stack,
+    against 255 and 96 B; benchmarks/NOTES.md, twenty-second session)."""
     import dataclasses
 
-    if default.tile_hdim_qk <= 128:
-        return {}
     found = {}
     for tile_m, tile_n, warps in FWD_VARIANT_TILES:
         if (tile_m, tile_n, warps) == (default.tile_m, default.tile_n, default.num_warps):
