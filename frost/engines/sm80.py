@@ -243,10 +243,10 @@ class Sm80Backward(Engine):
         return super().check_support(problem) or sm80_decline(problem)
 
     def records(self, problem: Problem) -> tuple:
-        """The chain's params records for ``problem``: (preprocess, main, last pass), the combine
-        of the dK / dV partials when the plan splits a GQA group, then the RoPE pass's (rotation
-        and transpose, sm80_rope.py) when the problem has one."""
-        return tuple(r for r in self._chain(problem)[0] if r is not None) + rope_records(problem)
+        """The chain's params records for ``problem``: (preprocess, main, last pass: none with the
+        fused convert), the combine of the dK / dV partials when the plan splits a GQA group, then
+        the RoPE pass's (rotation and transpose, sm80_rope.py) when the problem has one."""
+        return _present(self._chain(problem)[0]) + rope_records(problem)
 
     def _chain(self, problem: Problem) -> tuple[tuple, int]:
         from frost.kernels.sm80.config import BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams
@@ -266,9 +266,9 @@ class Sm80Backward(Engine):
             if not (extra_slices_fit(problem, forced) if forced else sliced_fills_the_device(problem, main)):
                 main, splits = choices(False)
         pre = BwdPreParams.of(main, problem.has_sinks)
-        last = BwdConvertParams.of(main, self.convert_unroll) if main.reduces_dq else BwdDqParams.of(main)
-        if main.dq_fused_convert:
-            last = None
+        last = None  # the fused convert: the main kernel writes dq
+        if not main.dq_fused_convert:
+            last = BwdConvertParams.of(main, self.convert_unroll) if main.reduces_dq else BwdDqParams.of(main)
         combine = (BwdCombineParams.of(main, self.fast_combine),) if splits > 1 else ()
         return (pre, main, last, *combine), splits
 
@@ -282,8 +282,12 @@ class Sm80Backward(Engine):
         records, splits = self._chain(problem)
         slices = self.slice_count(problem, records[1], splits) if records[1].dq_slices else 1
         compiled = tuple(None if r is None else sm80_compile.compile_record(r) for r in records)
-        return _Sm80BackwardPlan(problem, splits, tuple(r for r in records if r is not None), compiled,
-                                 RopePass.compile(problem), slices)
+        return _Sm80BackwardPlan(problem, splits, _present(records), compiled, RopePass.compile(problem), slices)
+
+
+def _present(chain: tuple) -> tuple:
+    """A chain's records without its missing last pass (the fused convert's)."""
+    return tuple(r for r in chain if r is not None)
 
 
 @functools.lru_cache(maxsize=None)
