@@ -1,6 +1,6 @@
 """Side-by-side attention timings on one GPU: frost's SM80 engines against torch's backends.
 
-    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants [det|all]] [--hdims] [--bias] [--rope]
+    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants [det|all]] [--det-variants NAMES] [--hdims] [--bias] [--rope]
                                     [--out DIR]
 
 The shapes: bf16, batch x seqlen = 16k tokens, hidden 2048 (H = 2048 / D),
@@ -41,8 +41,10 @@ fit and no left window forbids it), ``det_zeroed`` (the sliced dQ with its slice
 bwd_pre and every key block reducing, ``slice_stores=False``), ``det_reverse`` (the sliced dQ
 with its odd rounds walking in reverse, ``slice_reverse=True``), ``det_s_w1`` (the sliced dQ
 reducing one float at a time instead of 4), ``det_comb64`` (the split group's partials combined
-64 key rows and one split at a time, ``fast_combine=False``), each with its ``cost``, its time
-over the default plan's. The
+64 key rows and one split at a time, ``fast_combine=False``), ``det_fused`` (the sliced dQ with
+the main kernel's fused convert, ``fused_convert=True``), each with its ``cost``, its time over the
+default plan's; ``--det-variants det_fused,...`` times only the named ones (with or without
+``--variants``). The
 default mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time,
 SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order),
 ``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``). With ``--hdims`` it adds forward
@@ -246,7 +248,18 @@ def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
     return {name: Sm80Backward(**choice) for name, choice in forced.items()}
 
 
-def precompile(chosen, direction: str, variants: str, jobs: int, rope: bool = False) -> None:
+def det_variants(names: str, variants: str) -> tuple[str, ...]:
+    """The DET_VARIANTS columns to time: ``names`` (a comma list) when given, else all of them
+    with ``variants``, else none."""
+    chosen = tuple(n for n in names.split(",") if n) if names else tuple(DET_VARIANTS) if variants else ()
+    unknown = [n for n in chosen if n not in DET_VARIANTS]
+    if unknown:
+        raise ValueError(f"--det-variants: unknown {unknown}; known: {', '.join(DET_VARIANTS)}")
+    return chosen
+
+
+def precompile(chosen, direction: str, variants: str, jobs: int, rope: bool = False,
+               det: tuple[str, ...] = ()) -> None:
     """Build every kernel the run will time in ``jobs`` parallel workers into the disk cache
     first, so that the timed loop's compiles are loads (serially they take minutes). With
     ``rope`` the calls with RoPE too (``--rope``)."""
@@ -269,9 +282,9 @@ def precompile(chosen, direction: str, variants: str, jobs: int, rope: bool = Fa
             records += engine.records(problem)
             det_problem = _plan("backward", q, k, v, deterministic=True, **kw)[2]
             records += engine.records(det_problem)
-            if variants and isinstance(engine, Sm80Backward):
-                for choice in DET_VARIANTS.values():
-                    records += Sm80Backward(**choice).records(det_problem)
+            if isinstance(engine, Sm80Backward):
+                for name in det:
+                    records += Sm80Backward(**DET_VARIANTS[name]).records(det_problem)
             if variants == "all" and isinstance(engine, Sm80Backward):
                 for variant in backward_variants(hq, hkv, d).values():
                     try:
@@ -286,7 +299,7 @@ def precompile(chosen, direction: str, variants: str, jobs: int, rope: bool = Fa
     print(f"precompile: {counts}", flush=True)
 
 
-def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: str) -> dict:
+def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: str, det: tuple[str, ...] = ()) -> dict:
     q, k, v, do = _inputs(b, s, hq, hkv, d, grad_out=True)
     flops = 2.5 * _flops(b, s, hq, d, causal)
     o, lse = frost.sdpa_forward(q, k, v, causal=causal)
@@ -304,11 +317,11 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: str) -> dict:
     row["frost"] = flops / _bench(api(), reps_ms) / 1e9
     row["frost_plan"] = flops / _bench(lambda: plan.execute(tensors, out=grads, workspace=workspace), reps_ms) / 1e9
     row["frost_det"] = flops / _bench(api(deterministic=True), reps_ms) / 1e9
-    if variants and decision.engine == "sdpa_bwd_sm80":
+    if det and decision.engine == "sdpa_bwd_sm80":
         det_problem, det_tensors = prepare("backward", q, k, v, o=o, lse=lse, do=do, causal=causal,
                                            deterministic=True)
-        for name, choice in DET_VARIANTS.items():
-            variant = Sm80Backward(**choice).compile(det_problem)
+        for name in det:
+            variant = Sm80Backward(**DET_VARIANTS[name]).compile(det_problem)
             space = torch.empty(variant.workspace_bytes, dtype=torch.uint8, device="cuda")
             row[name] = flops / _bench(lambda: variant.execute(det_tensors, out=grads, workspace=space),
                                        reps_ms) / 1e9
@@ -539,6 +552,8 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="?", const="all", default="", choices=["det", "all"],
                         help="backward: time each engine choice forced (det: deterministic mode's only); "
                              "all with --hdims: also forward tiles")
+    parser.add_argument("--det-variants", default="", metavar="NAMES",
+                        help="backward: time only these DET_VARIANTS columns (comma list)")
     parser.add_argument("--hdims", action="store_true", help="the wide head-dim shapes (d256, d192x128, d192)")
     parser.add_argument("--bias", action="store_true",
                         help="a float32 [1, H, S, S] bias, forward and backward, against torch's efficient backend")
@@ -562,13 +577,14 @@ def main(argv=None) -> int:
         print_bias_table(rows)
         return 0
     chosen = [x for i, x in enumerate(shapes(args.hdims)) if not args.only or str(i) in args.only.split(",")]
+    det = det_variants(args.det_variants, args.variants)
     if args.precompile:
-        precompile(chosen, args.direction, args.variants, args.precompile)
+        precompile(chosen, args.direction, args.variants, args.precompile, det=det)
     tables = []
     if args.direction in ("fwd", "both"):
         tables.append([_progress(forward_row(*shape, args.reps_ms, args.variants == "all" and args.hdims)) for shape in chosen])
     if args.direction in ("bwd", "both"):
-        tables.append([_progress(backward_row(*shape, args.reps_ms, args.variants)) for shape in chosen])
+        tables.append([_progress(backward_row(*shape, args.reps_ms, args.variants, det)) for shape in chosen])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench_sdpa.json").write_text(json.dumps([r for t in tables for r in t], indent=1))
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (TFLOP/s; ratio = frost API / torch flash)")
