@@ -1,7 +1,7 @@
 """Side-by-side attention timings on one GPU: frost's SM80 engines against torch's backends.
 
-    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants [det|all]] [--det-variants NAMES] [--hdims] [--bias] [--rope]
-                                    [--out DIR]
+    python benchmarks/bench_sdpa.py [--direction fwd|bwd|both] [--variants [det|all]] [--det-variants NAMES]
+                                    [--hdims] [--bias] [--rope] [--out DIR]
 
 The shapes: bf16, batch x seqlen = 16k tokens, hidden 2048 (H = 2048 / D),
 head dims 64 and 128, seqlens 1k / 4k / 8k, causal and not (12 MHA shapes);
@@ -42,10 +42,10 @@ bwd_pre and every key block reducing, ``slice_stores=False``), ``det_reverse`` (
 with its odd rounds walking in reverse, ``slice_reverse=True``), ``det_s_w1`` (the sliced dQ
 reducing one float at a time instead of 4), ``det_comb64`` (the split group's partials combined
 64 key rows and one split at a time, ``fast_combine=False``), ``det_fused`` / ``det_convert`` (the
-sliced dQ with the main kernel's fused convert forced on / off, ``fused_convert``), each with its ``cost``, its time over the
-default plan's; ``--det-variants det_fused,...`` times only the named ones (with or without
-``--variants``). The
-default mode's (``--variants`` or ``--variants all``): ``w4`` (dQ reduced 4 floats at a time,
+sliced dQ with the main kernel's fused convert forced on / off, ``fused_convert``), each with its
+``cost``, its time over the default plan's; ``--det-variants det_fused,...`` times only the named
+ones (with or without ``--variants``). The default mode's (``--variants`` or ``--variants all``):
+``w4`` (dQ reduced 4 floats at a time,
 SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order),
 ``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``). With ``--hdims`` it adds forward
 columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
@@ -220,7 +220,7 @@ def forward_variants(default) -> dict:
     return found
 
 
-# deterministic mode's forced engine choices, by column name (``--variants det``)
+# deterministic mode's forced engine choices, by column name (``--variants det``, ``--det-variants``)
 DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_ordered": dict(sliced_dq=False),
                 "det_w1": dict(sliced_dq=False, det_reduce_width=1), "det_cta": dict(warp_turns=False),
                 "det_shared": dict(dq_walk="shared", warp_turns=False, det_reduce_width=1),
@@ -263,7 +263,7 @@ def precompile(chosen, direction: str, variants: str, jobs: int, rope: bool = Fa
                det: tuple[str, ...] = ()) -> None:
     """Build every kernel the run will time in ``jobs`` parallel workers into the disk cache
     first, so that the timed loop's compiles are loads (serially they take minutes). With
-    ``rope`` the calls with RoPE too (``--rope``)."""
+    ``rope`` the calls with RoPE too (``--rope``); ``det``: the DET_VARIANTS columns timed."""
     from frost.kernels.prebuild import build_records
 
     records = []
