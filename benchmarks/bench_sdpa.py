@@ -47,7 +47,7 @@ sliced dQ with the main kernel's fused convert forced on / off, ``fused_convert`
 ones (with or without ``--variants``). The default mode's (``--variants`` or ``--variants all``):
 ``w4`` (dQ reduced 4 floats at a time,
 SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order),
-``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``). With ``--hdims`` it adds forward
+``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``). ``--variants all`` adds forward
 columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
 default), launched on the same tensors.
 
@@ -552,7 +552,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps-ms", type=int, default=200)
     parser.add_argument("--variants", nargs="?", const="all", default="", choices=["det", "all"],
                         help="backward: time each engine choice forced (det: deterministic mode's only); "
-                             "all with --hdims: also forward tiles")
+                             "all: also forward tiles")
     parser.add_argument("--det-variants", default="", metavar="NAMES",
                         help="backward: time only these DET_VARIANTS columns (comma list)")
     parser.add_argument("--hdims", action="store_true", help="the wide head-dim shapes (d256, d192x128, d192)")
@@ -583,7 +583,7 @@ def main(argv=None) -> int:
         precompile(chosen, args.direction, args.variants, args.precompile, det=det)
     tables = []
     if args.direction in ("fwd", "both"):
-        tables.append([_progress(forward_row(*shape, args.reps_ms, args.variants == "all" and args.hdims)) for shape in chosen])
+        tables.append([_progress(forward_row(*shape, args.reps_ms, args.variants == "all")) for shape in chosen])
     if args.direction in ("bwd", "both"):
         tables.append([_progress(backward_row(*shape, args.reps_ms, args.variants, det)) for shape in chosen])
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -195,10 +195,10 @@ class Sm80Backward(Engine):
       forces a count (``BwdConvertParams.slice_unroll``). ``fused_convert=True`` has the main
       kernel convert instead where the slices are written whole (``BwdParams.dq_fused_convert``:
       the last slice to finish a query block sums the slices, under a right-bounded mask while
-      other CTAs still compute, and no bwd_convert runs; dq bit for bit the same). Off by
-      default: it has not yet run on a GPU (benchmarks/NOTES.md, twenty-second session); the
-      intended default is on under a right-bounded mask, where most blocks finish before the
-      walks' last round (unmasked every block finishes in it, so the sums would queue there).
+      other CTAs still compute, and no bwd_convert runs; dq bit for bit the same). Off: on the
+      H200 its chain took 1.02-1.38x bwd_convert's on all 18 benchmark shapes, the most with 8
+      slices (a block's sum is latency-bound inside a CTA that stops computing for it, where
+      bwd_convert streams all blocks at memory speed; benchmarks/NOTES.md, twenty-fourth session).
     - the combine of a split group's dK / dV partials: 16 key rows per CTA and 4 splits' loads at
       a time (``config.COMBINE_FAST``; H200: 1.4-2x faster where its grid is small, the same
       where it is memory-bound, benchmarks/NOTES.md, twentieth session); ``fast_combine=False``
