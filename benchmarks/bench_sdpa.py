@@ -41,12 +41,10 @@ fit and no left window forbids it), ``det_zeroed`` (the sliced dQ with its slice
 bwd_pre and every key block reducing, ``slice_stores=False``), ``det_reverse`` (the sliced dQ
 with its odd rounds walking in reverse, ``slice_reverse=True``), ``det_s_w1`` (the sliced dQ
 reducing one float at a time instead of 4), ``det_comb64`` (the split group's partials combined
-64 key rows and one split at a time, ``fast_combine=False``), ``det_fused`` / ``det_convert`` (the
-sliced dQ with the main kernel's fused convert forced on / off, ``fused_convert``), each with its
-``cost``, its time over the default plan's; ``--det-variants det_fused,...`` times only the named
-ones (with or without ``--variants``). The default mode's (``--variants`` or ``--variants all``):
-``w4`` (dQ reduced 4 floats at a time,
-SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order),
+64 key rows and one split at a time, ``fast_combine=False``), each with its ``cost``, its time
+over the default plan's; ``--det-variants det_stores,...`` times only the named ones (with or
+without ``--variants``). The default mode's (``--variants`` or ``--variants all``): ``w4`` (dQ
+reduced 4 floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order),
 ``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``). ``--variants all`` adds forward
 columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
 default), launched on the same tensors.
@@ -228,9 +226,7 @@ DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_ordered": dict(sliced_dq
                 "det_zeroed": dict(sliced_dq=True, slice_stores=False),
                 "det_reverse": dict(sliced_dq=True, slice_reverse=True),
                 "det_s_w1": dict(sliced_dq=True, det_reduce_width=1),
-                "det_comb64": dict(sliced_dq=True, fast_combine=False),
-                "det_fused": dict(sliced_dq=True, fused_convert=True),
-                "det_convert": dict(sliced_dq=True, fused_convert=False)}
+                "det_comb64": dict(sliced_dq=True, fast_combine=False)}
 
 
 def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:

@@ -192,13 +192,10 @@ class Sm80Backward(Engine):
       on; dQ bit for bit the same); off: on the H200 it cost more than the forward walk on 5 of 6
       shapes measured (benchmarks/NOTES.md, nineteenth session). bwd_convert loads 2 slices
       before adding them (``config.SLICE_UNROLL``: 1-5% faster on the H100); ``convert_unroll``
-      forces a count (``BwdConvertParams.slice_unroll``). ``fused_convert=True`` has the main
-      kernel convert instead where the slices are written whole (``BwdParams.dq_fused_convert``:
-      the last slice to finish a query block sums the slices, under a right-bounded mask while
-      other CTAs still compute, and no bwd_convert runs; dq bit for bit the same). Off: on the
-      H200 its chain took 1.02-1.38x bwd_convert's on all 18 benchmark shapes, the most with 8
-      slices (a block's sum is latency-bound inside a CTA that stops computing for it, where
-      bwd_convert streams all blocks at memory speed; benchmarks/NOTES.md, twenty-fourth session).
+      forces a count (``BwdConvertParams.slice_unroll``). Summing the slices in the main kernel
+      instead (the last slice to finish a query block sums it) was measured and removed: on the
+      H200 that chain took 1.02-1.38x this one's on all 18 benchmark shapes (benchmarks/NOTES.md,
+      twenty-fourth session).
     - the combine of a split group's dK / dV partials: 16 key rows per CTA and 4 splits' loads at
       a time (``config.COMBINE_FAST``; H200: 1.4-2x faster where its grid is small, the same
       where it is memory-bound, benchmarks/NOTES.md, twentieth session); ``fast_combine=False``
@@ -217,7 +214,7 @@ class Sm80Backward(Engine):
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
                  bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None,
                  slice_stores: bool = True, slice_reverse: bool = False, fast_combine: bool = True,
-                 convert_unroll: int | None = None, fused_convert: bool = False):
+                 convert_unroll: int | None = None):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -235,18 +232,17 @@ class Sm80Backward(Engine):
         self.slice_stores = slice_stores  # False: the sliced dQ's slices zeroed by bwd_pre
         self.slice_reverse = slice_reverse  # the sliced dQ's odd rounds walk in reverse (measured: dearer)
         self.fast_combine = fast_combine  # BwdCombineParams.of(fast=...) for a split group
-        self.convert_unroll = convert_unroll  # slice_unroll of a sliced dQ's sum (None: SLICE_UNROLL)
-        self.fused_convert = fused_convert  # the main kernel sums the slices (BwdParams.dq_fused_convert)
+        self.convert_unroll = convert_unroll  # BwdConvertParams.slice_unroll of a sliced dQ (None: SLICE_UNROLL)
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
         return super().check_support(problem) or sm80_decline(problem)
 
     def records(self, problem: Problem) -> tuple:
-        """The chain's params records for ``problem``: (preprocess, main, last pass: none with the
-        fused convert), the combine of the dK / dV partials when the plan splits a GQA group, then
-        the RoPE pass's (rotation and transpose, sm80_rope.py) when the problem has one."""
-        return _present(self._chain(problem)[0]) + rope_records(problem)
+        """The chain's params records for ``problem``: (preprocess, main, last pass), the combine
+        of the dK / dV partials when the plan splits a GQA group, then the RoPE pass's (rotation
+        and transpose, sm80_rope.py) when the problem has one."""
+        return self._chain(problem)[0] + rope_records(problem)
 
     def _chain(self, problem: Problem) -> tuple[tuple, int]:
         from frost.kernels.sm80.config import BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams
@@ -255,7 +251,7 @@ class Sm80Backward(Engine):
             return backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first, self.ordered_dq,
                                     self.tile_mn, self.dq_walk, self.warp_turns, self.det_reduce_width,
                                     self.batch_inner, self.dbias_reduce_width, self.bias_staged, sliced_dq,
-                                    self.slice_stores, self.slice_reverse, self.fused_convert, self.convert_unroll)
+                                    self.slice_stores, self.slice_reverse)
 
         sliced = self.sliced_dq
         if sliced is None:  # the default: sliced in deterministic mode unless another way was chosen
@@ -266,9 +262,7 @@ class Sm80Backward(Engine):
             if not (extra_slices_fit(problem, forced) if forced else sliced_fills_the_device(problem, main)):
                 main, splits = choices(False)
         pre = BwdPreParams.of(main, problem.has_sinks)
-        last = None  # the fused convert: the main kernel writes dq
-        if not main.dq_fused_convert:
-            last = BwdConvertParams.of(main, self.convert_unroll) if main.reduces_dq else BwdDqParams.of(main)
+        last = BwdConvertParams.of(main, self.convert_unroll) if main.reduces_dq else BwdDqParams.of(main)
         combine = (BwdCombineParams.of(main, self.fast_combine),) if splits > 1 else ()
         return (pre, main, last, *combine), splits
 
@@ -281,13 +275,8 @@ class Sm80Backward(Engine):
 
         records, splits = self._chain(problem)
         slices = self.slice_count(problem, records[1], splits) if records[1].dq_slices else 1
-        compiled = tuple(None if r is None else sm80_compile.compile_record(r) for r in records)
-        return _Sm80BackwardPlan(problem, splits, _present(records), compiled, RopePass.compile(problem), slices)
-
-
-def _present(chain: tuple) -> tuple:
-    """A chain's records without its missing last pass (the fused convert's)."""
-    return tuple(r for r in chain if r is not None)
+        return _Sm80BackwardPlan(problem, splits, records, tuple(map(sm80_compile.compile_record, records)),
+                                 RopePass.compile(problem), slices)
 
 
 @functools.lru_cache(maxsize=None)
@@ -338,8 +327,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
                      ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
                      warp_turns: bool = False, det_reduce_width: int | None = 1, batch_inner: bool | None = False,
                      dbias_reduce_width: int | None = 1, bias_staged: bool | None = False, sliced_dq: bool = False,
-                     slice_stores: bool = True, slice_reverse: bool = False, fused_convert: bool = False,
-                     slice_unroll: int | None = None):
+                     slice_stores: bool = True, slice_reverse: bool = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward).
     ``dq_reduce_width`` None: ``default_dq_reduce_width``; ``det_reduce_width`` None: 4 on SM90,
     else 1. For a dbias reduced over broadcast dims, ``batch_inner`` None: ``bias_batch_inner``
@@ -347,8 +335,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
     SM90 where the accumulator's rows are 8-byte aligned (it is contiguous: an even Sk), else 1.
     ``bias_staged`` None: a float32 bias tile comes through shared memory (cp.async a step
     ahead) where the device has the room; read where the scores need it, it cost half the step
-    (H200, benchmarks/NOTES.md). ``fused_convert``: the sliced dQ's fused convert where its
-    slices are written whole; ``slice_unroll``: its sum's (None: ``config.FUSED_SLICE_UNROLL``)."""
+    (H200, benchmarks/NOTES.md)."""
     from frost.kernels.sm80.config import bwd_params_for
 
     sliced_dq = sliced_dq and problem.deterministic
@@ -365,7 +352,6 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         dq_slices=sliced_dq, bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
         bias_grad=problem.bias is None or problem.bias.grad, dq_slice_stores=slice_stores,
         dq_slice_reverse=slice_reverse,
-        dq_fused_convert=fused_convert, slice_unroll=slice_unroll,
     )
     if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
         main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)
@@ -695,8 +681,8 @@ class _Sm80ForwardPlan(Plan):
 class _Workspace:
     """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32);
     the flat fp32 dQ accumulator (default mode, and ``slices`` of it for the sliced deterministic
-    dQ; layout in sm80/seqlen.py) and, ordered deterministic mode or the sliced dQ's fused
-    convert, int32 counters per query block; per-block dsink
+    dQ; layout in sm80/seqlen.py) and, ordered
+    deterministic mode, int32 counters per query block; per-block dsink
     partials (with sinks); fp32 dK / dV partials (split GQA groups); for a broadcast bias
     (kernels/sm80/bias.py) fp32 dbias partials [B, Hq, Sq, Sk] (deterministic mode: 4 bytes per
     element, B*Hq/(B'*H') times the bias's element count) or, default mode with a bias in the
@@ -714,9 +700,9 @@ class _Workspace:
             else:
                 accum = (p.batch, heads, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
             self.parts.append(("dq_accum", accum))
-        if main.dq_block_counters:  # int32, dq_block_counters per (sequence, head, query block)
+        if main.dq_ordered:  # int32, dq_turn_slots per (sequence, head, query block)
             blocks = math.ceil(p.seqlen_q / main.tile_m)
-            self.parts.append(("dq_counters", (p.batch, p.heads_q, blocks * main.dq_block_counters)))
+            self.parts.append(("dq_counters", (p.batch, p.heads_q, blocks * main.dq_turn_slots)))
         if p.has_sinks:
             self.parts.append(("dsink_partial", (p.heads_q, p.batch * pre.num_m_blocks(p.seqlen_q))))
         if main.dbias_dtype is not None and bias_broadcast(p):
@@ -814,12 +800,10 @@ _kept_lock = threading.Lock()
 class _Sm80BackwardPlan(Plan):
     def __init__(self, problem: Problem, splits: int, params, compiled, rope: RopePass | None = None,
                  slices: int = 1):
-        """``compiled``: the chain's kernels as ``Sm80Backward._chain`` places them (pre, main, last
-        pass or None, combine)."""
         from frost.kernels.sm80.compile import BwdLaunch
 
         super().__init__(problem)
-        self.params = params  # (pre, main, convert or deterministic dq (none: fused)[, combine])
+        self.params = params  # (pre, main, convert or deterministic dq[, combine])
         self.slices = slices  # the sliced dQ's (its accumulator's head axis carries the count to the kernels)
         self._launch = BwdLaunch(*compiled[:3], compiled[3] if splits > 1 else None, splits,
                                  launch_group(problem, params[1], splits), params[0].accum_tile_m > 0,

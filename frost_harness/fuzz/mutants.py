@@ -87,8 +87,6 @@ FOCUS = {
                        "test_bwd_sm80_deterministic_mode_matches_oracle",
     "dq-slice-skip-edge": "test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable and "
                           "(causal_k_longer or gqa_split_window_br) and device_width",
-    "fused-arrival-short": "test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable and "
-                           "(causal_k_longer or gqa_split_causal_thd) and fused",
     "combine-last-split": "test_bwd_sm80_split_group_matches_oracle and (gqa_dense or mqa_window)",
     "combine-rows-per-pass": "test_hdim_bwd_matches_oracle and (d192x128 or d168)",
     "combine-head-dim-guard": "test_hdim_bwd_matches_oracle and (d168 or d160x96)",
@@ -307,11 +305,6 @@ CATALOGUE: tuple[Mutant, ...] = (
        "return m_block >= seen_min and m_block < seen_max",
        "return m_block > seen_min and m_block < seen_max",
        "the sliced dQ loses each slice's first reached query block (a causal or right-window slice)"),
-    _m("fused-arrival-short", "dq accumulator", "fused_convert.py",
-       "if arrived == self.expected(m_block):",
-       "if arrived == self.expected(m_block) - 1:",
-       "the fused convert sums a block one arrival early: its last slice may not have landed, and a "
-       "block one slice writes is never summed"),
     # ---- split GQA groups (bwd_combine.py) ----------------------------------------------------
     _m("combine-last-split", "gqa", "bwd_combine.py",
        "    num_splits = mPart.shape[0]\n",

@@ -80,11 +80,6 @@ them by that first block's range); no pass zeroes the slices, and no first reduc
 zeros back from memory. With a left window ``sm80/bwd_pre``
 zeroes every slice and every block reduces.
 
-Fused convert (``dq_fused_convert``, with ``dq_slice_stores``): after each pass the CTA counts
-its arrival at the query blocks its slice is done with, and the last slice to arrive at a
-block sums the slices into dq (``sm80/fused_convert``), so no bwd_convert runs. Under a
-right-bounded mask most blocks are finished, and summed, while other CTAs still compute.
-
 Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
 fp32 partials when split). Key rows past Sk_b inside the padded extent are
 written as zeros.
@@ -105,9 +100,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from frost.kernels.sm80 import dq_chunks, order, recompute, tiles
+from frost.kernels.sm80 import order, recompute, tiles
 from frost.kernels.sm80.bias import BiasTileCopy, ScoreBias, bias_view, staged_layout
-from frost.kernels.sm80.fused_convert import FusedConvert
 from frost.kernels.sm80.mask import AttentionMask
 from frost.kernels.sm80.grid import grid_coords, grid_order, launch_extents, launch_grid
 from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of
@@ -130,16 +124,14 @@ HAS_DBIAS = P.dbias_dtype is not None  # a bias whose gradient is wanted
 BIAS_STAGED = P.bias_staged  # the bias tile comes through shared memory by cp.async (bias.py)
 SLICED = P.dq_slices  # deterministic: each CTA reduces dQ into a slice of its own, no turns
 SLICE_REVERSE = P.dq_slice_reverse  # the sliced dQ's odd rounds walk their steps in reverse
-FUSED = P.dq_fused_convert  # the sliced dQ's last slice of a block sums the slices into dq
 GRID_ORDER = grid_order(P.heavy_first, P.batch_inner)  # blocks fastest with slices or a diagonal walk
-DQ_CHUNKS = dq_chunks.DqChunks(TILE_M, TILE_HDIM_QK, NUM_THREADS, DQ_WIDTH, P.slice_unroll)
 
 
 class BwdTensors(NamedTuple):
     """The kernel's global tensors: dq_accum None in deterministic mode (unless ``dq_ordered``,
     which adds dq_counters, int32 (B, H, query blocks x TURN_SLOTS), or ``dq_slices``); dk, dv fp32
-    partials with a leading split index when ``split_group``; dq and dq_counters (int32 (B, H, query
-    blocks)) with ``dq_fused_convert`` only; bias and dbias (its target: bias.py) None without a bias."""
+    partials with a leading split index when ``split_group``; bias and dbias (its target: bias.py)
+    None without a bias."""
 
     q: cute.Tensor
     k: cute.Tensor
@@ -151,7 +143,6 @@ class BwdTensors(NamedTuple):
     dq_counters: cute.Tensor | None
     dk: cute.Tensor
     dv: cute.Tensor
-    dq: cute.Tensor | None
     bias: cute.Tensor | None
     dbias: cute.Tensor | None
 
@@ -175,7 +166,7 @@ class BwdSetup(NamedTuple):
 def sdpa_bwd(
     mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor,
     mdQaccum: cute.Tensor | None, mdQcounters: cute.Tensor | None, mdK: cute.Tensor, mdV: cute.Tensor,
-    mdQ: cute.Tensor | None, mBias: cute.Tensor | None, mdBias: cute.Tensor | None, mCuSeqlensQ: cute.Tensor | None,
+    mBias: cute.Tensor | None, mdBias: cute.Tensor | None, mCuSeqlensQ: cute.Tensor | None,
     mCuSeqlensK: cute.Tensor | None, mSeqlensQ: cute.Tensor | None, mSeqlensK: cute.Tensor | None,
     scale: Float32, scale_log2: Float32, window_left: Int32, window_right: Int32, max_seqlen_k: Int32,
     num_splits: Int32, launch_group: Int32, stream,
@@ -204,15 +195,13 @@ def sdpa_bwd(
         sdS: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(setup.sPdS_layout)], 1024]
         if const_expr(BIAS_STAGED):
             sBias: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * TILE_N], 1024]
-        if const_expr(FUSED):
-            sFinished: cute.struct.Align[cute.struct.MemRange[Int32, NUM_THREADS], 16]
 
     num_n_blocks, heads_kv, num_batch = launch_extents(mK, mCuSeqlensK, max_seqlen_k, TILE_N, PACKED)
     if const_expr(SLICED):  # grid x holds the slices, which the accumulator's head axis counts (seqlen.py)
         num_n_blocks = accum_slices(mdQaccum, heads_of(mQ, PACKED), PACKED)
     grid = launch_grid(GRID_ORDER, num_n_blocks, heads_kv * num_splits, num_batch)
     bwd_kernel(
-        BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mdQ, mBias, mdBias),
+        BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
         scale, scale_log2, window_left, window_right, num_splits, launch_group, setup, SharedStorage,
     ).launch(grid=grid, block=[NUM_THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
@@ -224,7 +213,7 @@ def bwd_kernel(
     window_left: Int32, window_right: Int32, num_splits: Int32, launch_group: Int32, setup: BwdSetup,
     SharedStorage: cutlass.Constexpr,
 ):
-    mQ, mK = tensors.q, tensors.k
+    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = tensors
     tidx, _, _ = cute.arch.thread_idx()
     n_block, head_slot, batch = cta_coords(launch_group)
     head_kv = head_slot // num_splits
@@ -244,7 +233,7 @@ def bwd_kernel(
         tidx, setup, sQ, sdO, sK, sV,
         storage.sP.get_tensor(setup.sPdS_layout), storage.sdS.get_tensor(setup.sPdS_layout),
     )
-    loads = QdoLoads.create(tidx, setup, mQ, tensors.do, sQ, sdO, seqlen, batch)
+    loads = QdoLoads.create(tidx, setup, mQ, mdO, sQ, sdO, seqlen, batch)
     sBias, bias_copy = None, None
     if const_expr(BIAS_STAGED):
         # (TILE_M, TILE_N) float32: step i+1's tile is copied once every warp has read step i's
@@ -261,46 +250,19 @@ def bwd_kernel(
         num_slices = cute.arch.grid_dim()[0]
         num_key_blocks = (seqlen.rows_k + TILE_N - 1) // TILE_N
         slice_head = n_block * heads_of(mQ, PACKED)
-        if const_expr(FUSED):
-            if n_block == 0:
-                fused_convert(cta, storage, num_key_blocks).zero_unreached()
         first_round = 0
         if const_expr(P.dq_slice_stores):  # round 0 (block n_block) stores: a copy of the pass of its own
             if n_block < num_key_blocks:
                 key_block_pass(cta, n_block, slice_head, True)
                 cute.arch.barrier()  # every warp is done with sK, sV and the stages before the next loads
-                if const_expr(FUSED):
-                    next_block = round_key_block(1, n_block, num_slices)
-                    fused_convert(cta, storage, num_key_blocks).pass_done(n_block, next_block)
             first_round = 1
         for round_ in cutlass.range(first_round, (num_key_blocks + num_slices - 1) // num_slices, unroll=1):
-            key_block = round_key_block(round_, n_block, num_slices)
+            key_block = round_ * num_slices + n_block + (round_ % 2) * (num_slices - 1 - 2 * n_block)
             if key_block < num_key_blocks:
                 key_block_pass(cta, key_block, slice_head, False, round_ % 2)
                 cute.arch.barrier()
-                if const_expr(FUSED):
-                    next_block = round_key_block(round_ + 1, n_block, num_slices)
-                    fused_convert(cta, storage, num_key_blocks).pass_done(key_block, next_block)
     else:
         key_block_pass(cta, n_block, 0, False)
-
-
-def round_key_block(round_, slot, num_slices):
-    """The key block the sliced dQ's CTA ``slot`` takes in round ``round_``: the zigzag above."""
-    return round_ * num_slices + slot + (round_ % 2) * (num_slices - 1 - 2 * slot)
-
-
-def fused_convert(cta: "KeyBlockCta", storage, num_key_blocks) -> FusedConvert:
-    """The fused convert's view of this CTA, built where it is used (sm80/fused_convert.py); its
-    staging tile is the first Q stage, free between passes."""
-    heads = heads_of(cta.tensors.q, PACKED)
-    sQ = storage.sQ.get_tensor(cta.setup.sQ_layout)
-    return FusedConvert(
-        DQ_CHUNKS, CHECK_HDIM_QK, cta.tensors.dq, cta.tensors.dq_accum, cta.tensors.dq_counters,
-        storage.sFinished.get_tensor(cute.make_layout(NUM_THREADS)), sQ[None, None, 0], cta.setup.tiled_mma_dq,
-        cta.setup.gmem_tiled_copy_store, cta.mask, cta.seqlen, cta.tidx, cta.batch, cta.first_head,
-        cta.heads_per_cta, heads, cute.arch.grid_dim()[0], num_key_blocks, cta.scale,
-    )
 
 
 class KeyBlockCta(NamedTuple):
@@ -334,7 +296,7 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
     its dQ with ``dq_slice_stores`` (a copy of the pass of its own: a branch per step spilled);
     ``reverse`` 1: the steps in reverse order (``dq_slice_reverse``'s odd rounds; a compile-time
     copy of the pass for them took 8-24 B more stack than this runtime choice on three sm_90 records)."""
-    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, _, mBias, mdBias = cta.tensors
+    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = cta.tensors
     setup, tidx, step, loads, seqlen, batch = cta.setup, cta.tidx, cta.step, cta.loads, cta.seqlen, cta.batch
     sBias, bias_copy, mask, sK, sV = cta.sBias, cta.bias_copy, cta.mask, cta.sK, cta.sV
     head_kv, split, first_head, heads_per_cta = cta.head_kv, cta.split, cta.first_head, cta.heads_per_cta

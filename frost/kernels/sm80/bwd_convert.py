@@ -6,8 +6,7 @@ block, head, sequence), launched highest query block first across the whole grid
 the high blocks (a key block reduces into the query blocks from its own on, and the
 sliced dQ's last round holds the high key blocks), so their lines are read back
 while still in L2. The CTA has the main kernel's threads and dQ MMA, and reads,
-scales and stores the block as ``sm80/dq_chunks`` says (which the main kernel's
-fused convert shares, ``BwdParams.dq_fused_convert``). With ``dq_slices`` (deterministic
+scales and stores the block as ``sm80/dq_chunks`` says. With ``dq_slices`` (deterministic
 mode) the block is the sum of the accumulator's slices, in slice order
 (``slice_unroll`` slices' loads issued before their adds); with
 ``dq_slice_stores`` the chunks a slice's walk never reached were not written

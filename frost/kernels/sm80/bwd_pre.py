@@ -17,9 +17,8 @@ dense, [H, T] packed):
 
 Packed rows past a sequence belong to the next one and are not written.
 
-With ``dq_counters`` it also zeroes the main kernel's counters,
-``dq_counters`` per (sequence, head, query block of ``counter_tile_m`` rows): the
-ordered deterministic mode's turns, the fused convert's arrivals.
+With ``dq_counters`` it also zeroes the ordered deterministic mode's
+turn counters, ``dq_counters`` per (sequence, head, accumulator chunk).
 
 With ``accum_tile_m`` (the default mode) it also zeroes the flat dQ
 accumulator that ``sm80/bwd`` reduces into (layout: ``seqlen.py``): CTA m
@@ -49,7 +48,6 @@ TILE_HDIM_V = P.tile_hdim_v    # O and dO
 TILE_HDIM_QK = P.tile_hdim_qk  # the dQ accumulator's chunks
 PACKED = P.layout == "thd"
 ACCUM_TILE_M = P.accum_tile_m
-BLOCK_TILE_M = P.block_tile_m  # the main kernel's query blocks, whose chunks or counters are zeroed here
 THREADS_PER_ROW = 8  # 64-column slab / 8 elements per 16-byte vector
 
 
@@ -86,7 +84,7 @@ def sdpa_bwd_pre(
     max_seqlen_q: Int32,
     stream,
 ):
-    extent_tile = BLOCK_TILE_M if const_expr(BLOCK_TILE_M > 0) else TILE_M
+    extent_tile = ACCUM_TILE_M if const_expr(ACCUM_TILE_M > 0) else TILE_M
     num_chunks, num_heads, num_batch = launch_extents(mO, mCuSeqlensQ, max_seqlen_q, extent_tile, PACKED)
     num_m_blocks = num_chunks * (extent_tile // TILE_M)
     bwd_pre_kernel(
@@ -110,9 +108,9 @@ def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
     elif const_expr(ACCUM_TILE_M > 0):
         zero_accum_rows(mdQaccum, seqlen, batch, head, m_block, tidx)
     if const_expr(P.dq_counters):
-        # dq_counters per main query block: the block's first CTA here zeroes them, a thread each
-        if tidx < P.dq_counters and (m_block * TILE_M) % BLOCK_TILE_M == 0:
-            mdQcounters[batch, head, m_block * TILE_M // BLOCK_TILE_M * P.dq_counters + tidx] = Int32(0)
+        # dq_counters per accumulator chunk: the chunk's first CTA here zeroes them, a thread each
+        if tidx < P.dq_counters and (m_block * TILE_M) % ACCUM_TILE_M == 0:
+            mdQcounters[batch, head, m_block * TILE_M // ACCUM_TILE_M * P.dq_counters + tidx] = Int32(0)
 
     # (TILE_M, TILE_HDIM_V) tiles of O and dO; read straight into registers
     gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM_V), (m_block, 0))

@@ -149,8 +149,7 @@ def fake_dq_accum(packed: bool):
 
 
 def fake_dq_counters():
-    """The main kernel's int32 counters (the ordered dQ's turns, the fused convert's arrivals):
-    (B, H, query blocks x slots), compact."""
+    """The ordered deterministic mode's int32 turn counters: (B, H, query blocks x turn slots), compact."""
     shape = tuple(cute.sym_int() for _ in range(3))
     return make_fake_compact_tensor(Int32, shape, stride_order=(2, 1, 0), assumed_align=4)
 
@@ -180,15 +179,14 @@ def _build_bwd(params: BwdParams, options: str):
         dk, dv = fake_rows_tensor(dtype, packed, dim_qk), fake_rows_tensor(dtype, packed, dim_v)
     lse2, d = fake_lse_tensor(packed), fake_lse_tensor(packed)
     dq_accum = fake_dq_accum(packed) if params.reduces_dq else None
-    counters = fake_dq_counters() if params.dq_block_counters else None
-    dq = fake_rows_tensor(dtype, packed, dim_qk) if params.dq_fused_convert else None
+    counters = fake_dq_counters() if params.dq_ordered else None
     cu_q = fake_vector(Int32) if packed else None
     cu_k = fake_vector(Int32) if packed else None
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
     bias, dbias = fake_bias_tensor(params.bias_dtype), fake_bias_tensor(params.dbias_dtype)
     return cute.compile(
-        module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, counters, dk, dv, dq, bias, dbias,
+        module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, counters, dk, dv, bias, dbias,
         cu_q, cu_k, seqlens_q, seqlens_k,
         Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0), Int32(1), Int32(0),
         make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
@@ -359,9 +357,7 @@ class BwdLaunch(NamedTuple):
 
     pre: Any      # bwd_pre
     main: Any     # bwd
-    # bwd_convert (an accumulator: default and ordered or sliced deterministic), else bwd_dq; None: the
-    # main kernel writes dq (BwdParams.dq_fused_convert)
-    last: Any
+    last: Any     # bwd_convert (an accumulator: default and ordered or sliced deterministic), else bwd_dq
     combine: Any  # bwd_combine for a split GQA group (``splits`` > 1), else None
     splits: int
     launch_group: int  # the diagonal walk's heads launched together (sm80/order.py)
@@ -385,32 +381,29 @@ def launch_bwd(chain: BwdLaunch, t: Tensors, grads: Grads, scratch: dict) -> Non
     the main kernel writes dS into: dbias itself, or a float32 accumulator or partials that are
     reduced into dbias at the end, sm80/bias.py). Default mode and ordered or sliced
     deterministic mode: bwd_pre (which also zeroes the accumulator and counters), bwd (dK, dV,
-    dQ reductions), bwd_convert (dq); with the fused convert (``chain.last`` None) the main
-    kernel writes dq, and runs wherever there are query rows. Deterministic without an
-    accumulator: bwd_pre, bwd (dK, dV only), bwd_dq. Split GQA groups (bwd_combine): the fp32
-    partials are summed in split order into dk, dv.
+    dQ reductions), bwd_convert (dq). Deterministic without an accumulator: bwd_pre, bwd (dK, dV
+    only), bwd_dq. Split GQA groups (bwd_combine): the fp32 partials are summed in split order
+    into dk, dv.
 
     A kernel whose grid would be empty (no sequence, no query or no key rows) is not launched:
     CUDA rejects a zero grid, and there is nothing for it to write. With no query rows the main
     kernel still runs and writes dk = dv = 0; with no key rows bwd_convert / bwd_dq write dq = 0.
     """
     queries, keys = chain.batch > 0 and chain.max_seqlen_q > 0, chain.batch > 0 and chain.max_seqlen_k > 0
-    fused = chain.last is None  # the sliced grid has its slices even without keys: dq's zeros come from it
     accum, counters = scratch.get("dq_accum"), scratch.get("dq_counters")
     scale, scale_log2, left, right = chain.scale, chain.scale * LOG2_E, chain.window_left, chain.window_right
     if queries:
         chain.pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
                   scratch.get("dsink_partial"), accum if chain.zero_accum else None, counters, chain.max_seqlen_q)
     dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if chain.splits > 1 else (grads.dk, grads.dv)
-    if keys or (fused and queries):
+    if keys:
         chain.main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
-                   grads.dq if fused else None, t.bias, scratch.get("dbias_target"), t.cu_seqlens_q,
-                   t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
+                   t.bias, scratch.get("dbias_target"), t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
                    scale, scale_log2, left, right, chain.max_seqlen_k, chain.splits, chain.launch_group)
     if queries and accum is None:
         chain.last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], grads.dq, t.bias, t.cu_seqlens_q,
                    t.cu_seqlens_k, t.seqlens_q, t.seqlens_k, scale, scale_log2, left, right, chain.max_seqlen_q)
-    elif queries and not fused:
+    elif queries:
         masks = (t.k, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k) if chain.convert_masked else (None,) * 4
         chain.last(accum, grads.dq, t.cu_seqlens_q, *masks, scale, right, chain.max_seqlen_q)
     if chain.splits > 1 and keys:

@@ -186,35 +186,25 @@ class BwdPreParams(_Tiles):
     tile_m: int = 64
     num_warps: int = 4
     accum_tile_m: int = 0   # the main kernel's tile_m whose dQ accumulator chunks this pass zeroes; 0: none
-    # also zero the main kernel's counters, this many per query block of counter_tile_m rows (its
-    # tile_m): the ordered deterministic mode's turns (one per CTA, or one per warp:
-    # BwdParams.dq_turn_slots), the fused convert's arrivals (one); 0: none
+    # also zero the ordered deterministic mode's turn counters, this many per accumulator chunk
+    # (one per CTA, or one per warp: BwdParams.dq_turn_slots); 0: none
     dq_counters: int = 0
-    counter_tile_m: int = 0
     # the accumulator holds slices (BwdParams.dq_slices, a runtime count): zero every one of them
     dq_slices: bool = False
 
     @classmethod
     def of(cls, main: "BwdParams", has_sinks: bool) -> "BwdPreParams":
-        """The pass before ``main``: it zeroes the accumulator unless the main kernel writes it
-        whole (``dq_slice_stores``), and the main kernel's counters (``dq_block_counters``)."""
+        """The pass before ``main``: it zeroes the accumulator (and the ordered dQ's counters)
+        unless the main kernel writes it whole (``dq_slice_stores``)."""
         zeroes = main.reduces_dq and not main.dq_slice_stores
-        counters = main.dq_block_counters
         return cls(dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=main.layout,
                    has_seqlens=main.has_seqlens, has_sinks=has_sinks, accum_tile_m=main.tile_m if zeroes else 0,
-                   dq_counters=counters, counter_tile_m=main.tile_m if counters else 0,
-                   dq_slices=main.dq_slices and zeroes)
-
-    @property
-    def block_tile_m(self) -> int:
-        """The rows of the main kernel's query blocks whose chunks or counters this pass zeroes
-        (0: neither)."""
-        return self.accum_tile_m or self.counter_tile_m
+                   dq_counters=main.dq_turn_slots, dq_slices=main.dq_slices and zeroes)
 
     def num_m_blocks(self, seqlen_q: int) -> int:
         """The grid's query-block extent: whole accumulator chunks when it zeroes them."""
-        if self.block_tile_m:
-            return -(-seqlen_q // self.block_tile_m) * (self.block_tile_m // self.tile_m)
+        if self.accum_tile_m:
+            return -(-seqlen_q // self.accum_tile_m) * (self.accum_tile_m // self.tile_m)
         return -(-seqlen_q // self.tile_m)
 
     def validate(self) -> "BwdPreParams":
@@ -224,15 +214,12 @@ class BwdPreParams(_Tiles):
         rows_per_step = self.num_threads * 8 // 64
         if self.tile_m % rows_per_step:
             bad(f"tile_m must be a multiple of {rows_per_step} (rows per copy step)")
-        for name in ("accum_tile_m", "counter_tile_m"):
-            if getattr(self, name) < 0 or getattr(self, name) % self.tile_m:
-                bad(f"{name} must be 0 or a multiple of tile_m")
-        if self.accum_tile_m and self.counter_tile_m and self.accum_tile_m != self.counter_tile_m:
-            bad("accum_tile_m and counter_tile_m are both the main kernel's tile_m")
+        if self.accum_tile_m < 0 or self.accum_tile_m % self.tile_m:
+            bad("accum_tile_m must be 0 or a multiple of tile_m")
         if self.dq_counters < 0 or self.dq_counters > self.num_threads:
-            bad(f"dq_counters must be 0..{self.num_threads} (each thread zeroes at most one per block)")
-        if bool(self.dq_counters) != bool(self.counter_tile_m):
-            bad("dq_counters count per query block of counter_tile_m rows: both or neither")
+            bad(f"dq_counters must be 0..{self.num_threads} (each thread zeroes at most one per chunk)")
+        if self.dq_counters and not self.accum_tile_m:
+            bad("dq_counters count accumulator chunks: they need accum_tile_m")
         if self.dq_slices and (self.dq_counters or not self.accum_tile_m):
             bad("dq_slices zeroes an accumulator's slices (accum_tile_m), which take no turns (dq_counters)")
         return self
@@ -324,11 +311,6 @@ class BwdParams(_Tiles):
     # the sliced dQ's odd rounds take their steps in reverse, starting on the chunks the round
     # before ended on (their lines may still be in L2); dQ's adds keep their order
     dq_slice_reverse: bool = False
-    # the fused convert: the CTA that writes a query block's last slice sums the slices into dq
-    # (sm80/bwd.py, "Fused convert"; arrivals counted per block), so no bwd_convert runs; it
-    # loads ``slice_unroll`` slices before their adds (BwdConvertParams.slice_unroll)
-    dq_fused_convert: bool = False
-    slice_unroll: int = 1
 
     @property
     def reduces_dq(self) -> bool:
@@ -341,12 +323,6 @@ class BwdParams(_Tiles):
         return 0 if not self.dq_ordered else self.num_warps if self.dq_warp_turns else 1
 
     @property
-    def dq_block_counters(self) -> int:
-        """int32 counters per (sequence, query head, query block) that bwd_pre zeroes: the ordered
-        dQ's turn slots, the fused convert's arrivals; 0: none."""
-        return self.dq_turn_slots or int(self.dq_fused_convert)
-
-    @property
     def dq_chunk(self) -> int:
         """fp32 elements of one query block's chunk of the flat dQ accumulator."""
         return self.tile_m * self.tile_hdim_qk
@@ -356,8 +332,7 @@ class BwdParams(_Tiles):
         k_v = self.tile_n * widths
         q_do = 2 * self.tile_m * widths  # Q and dO, two stages each
         p_ds = 2 * self.tile_m * self.tile_n
-        finished = 4 * self.num_threads if self.dq_fused_convert else 0  # the fused convert's flags
-        return 2 * (k_v + q_do + p_ds) + (4 * self.tile_m * self.tile_n if self.bias_staged else 0) + finished
+        return 2 * (k_v + q_do + p_ds) + (4 * self.tile_m * self.tile_n if self.bias_staged else 0)
 
     def validate(self) -> "BwdParams":
         bad = _checker(self)
@@ -391,10 +366,6 @@ class BwdParams(_Tiles):
             bad("dq_slice_stores writes the sliced dQ's slices whole (dq_slices), which a left window breaks")
         if self.dq_slice_reverse and not self.dq_slices:
             bad("dq_slice_reverse orders the sliced dQ's rounds (dq_slices)")
-        if self.dq_fused_convert and not self.dq_slice_stores:
-            bad("dq_fused_convert knows which blocks a pass finishes from the slices written whole (dq_slice_stores)")
-        if self.slice_unroll not in (1, 2, 4) or (self.slice_unroll > 1 and not self.dq_fused_convert):
-            bad("slice_unroll must be 1, 2 or 4, and above 1 only with dq_fused_convert")
         if self.dq_ordered != (self.dq_walk is not None) or self.dq_walk not in (None, *DQ_WALKS):
             bad(f"dq_walk is one of {DQ_WALKS} with ordered dQ, None without")
         if self.dq_walk == "shared" and not self.heavy_first:
@@ -437,15 +408,13 @@ def bwd_params_for(
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
     split_group: bool = False, dq_ordered: bool = False, dq_slices: bool = False, bias_dtype: str | None = None,
     bias_broadcast: bool = False, bias_grad: bool = True, dq_slice_stores: bool = True,
-    dq_slice_reverse: bool = False, dq_fused_convert: bool = False, slice_unroll: int | None = None,
+    dq_slice_reverse: bool = False,
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``,
     ``split_group`` and, deterministic, ``dq_ordered`` or ``dq_slices`` are the engine's choices per
     device and per problem size (frost/engines/sm80.py); the sliced dQ writes its slices whole
     (``dq_slice_stores``) wherever it can, unless that is turned off, and its odd rounds walk in
-    reverse with ``dq_slice_reverse``; ``dq_fused_convert`` sums the slices in the main kernel
-    where they are written whole, ``slice_unroll`` (default ``FUSED_SLICE_UNROLL``) slices at a time.
-    ``bias_broadcast``: the bias has size 1
+    reverse with ``dq_slice_reverse``. ``bias_broadcast``: the bias has size 1
     where the problem has several batches or heads, so dbias sums over them (sm80/bias.py says
     how); ``bias_grad`` False: no dbias is made.
 
@@ -459,8 +428,6 @@ def bwd_params_for(
     ordered = deterministic and dq_ordered
     sliced = deterministic and dq_slices and not ordered
     dq_reduce_width = dq_reduce_width if not deterministic or ordered or sliced else 1
-    stores = sliced and dq_slice_stores and window_left < 0
-    fused = stores and dq_fused_convert
     tile_qk, tile_v = FLAVORS[flavor]
     tile_m, tile_n, warps_m_sdp, warps_n_dkv, warps_m_dq = BWD_TILES[flavor]
     return BwdParams(
@@ -472,8 +439,8 @@ def bwd_params_for(
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
         dq_reduce_width=dq_reduce_width, split_group=split_group, dq_ordered=ordered, heavy_first=ordered,
         dq_walk="shared" if ordered else None,
-        dq_slices=sliced, dq_slice_stores=stores, dq_slice_reverse=sliced and dq_slice_reverse,
-        dq_fused_convert=fused, slice_unroll=(slice_unroll or FUSED_SLICE_UNROLL) if fused else 1,
+        dq_slices=sliced, dq_slice_stores=sliced and dq_slice_stores and window_left < 0,
+        dq_slice_reverse=sliced and dq_slice_reverse,
         dq_first=flavor == "d64" and (ordered or sliced or (not deterministic and dq_reduce_width == 4)),
         **dbias_fields(bias_dtype, bias_broadcast, deterministic, bias_grad),
     ).validate()
@@ -564,11 +531,6 @@ class BwdConvertParams(_Tiles):
 # slices); 4 (208-210 registers, one CTA per SM) was slower on three of the four (benchmarks/NOTES.md,
 # twentieth session)
 SLICE_UNROLL = 2
-# The fused convert's (BwdParams.slice_unroll): one slice at a time. Two (SLICE_UNROLL) took the
-# main kernel's stack from 88 to 280 B and its round loop's spill loads / stores from 17 / 4 to 62 / 51
-# (sm_90, d64 Hq8 / Hkv2 causal; benchmarks/NOTES.md, twenty-second session): the sum's registers
-# compete with the walk's.
-FUSED_SLICE_UNROLL = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,5 @@
 """The flat fp32 dQ accumulator's chunks read back into dq rows: what ``sm80/bwd_convert`` does
-for every query block and ``sm80/bwd``'s fused convert (``BwdParams.dq_fused_convert``) for the
-blocks whose last slice it wrote, so both give dq bit for bit alike.
+for every query block.
 
 A chunk holds a (tile_m, tile_hdim) block in the dQ MMA fragment's register order (layout:
 ``seqlen.py``): thread t's ``j``-th run of ``width`` floats sits at ``(j * threads + t) *

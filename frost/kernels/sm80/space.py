@@ -74,7 +74,7 @@ def admitted_fwd_params() -> list[FwdParams]:
     return list(seen)
 
 
-SLICED_WALKS = ("sliced", "sliced_zeroed", "sliced_reverse", "sliced_fused")
+SLICED_WALKS = ("sliced", "sliced_zeroed", "sliced_reverse")
 
 
 def admitted_bwd_params() -> list:
@@ -86,9 +86,8 @@ def admitted_bwd_params() -> list:
     # engines/sm80.ordered_walk takes it
     ordered = tuple((True, width, walk, turns) for width in (1, 4) for walk in DQ_WALKS for turns in (False, True))
     # the sliced dQ writing its slices whole where it can (dq_slice_stores), and zeroed by bwd_pre;
-    # its odd rounds walking in reverse (dq_slice_reverse), at SM90's width; converted in the main
-    # kernel (dq_fused_convert, Sm80Backward(fused_convert=True)) where the slices are written whole
-    sliced = (*((True, width, walk, False) for width in (1, 4) for walk in ("sliced", "sliced_zeroed", "sliced_fused")),
+    # its odd rounds walking in reverse (dq_slice_reverse), at SM90's width
+    sliced = (*((True, width, walk, False) for width in (1, 4) for walk in ("sliced", "sliced_zeroed")),
               (True, 4, "sliced_reverse", False))
     modes = ((False, 1, None, False), (False, 4, None, False), (True, 1, None, False), *ordered, *sliced)
     # (dtype, broadcast, gradient wanted); without a gradient the broadcast changes no code
@@ -104,7 +103,6 @@ def admitted_bwd_params() -> list:
             dq_reduce_width=width, dq_ordered=walk in DQ_WALKS, dq_slices=walk in SLICED_WALKS,
             bias_dtype=_bias_dtype(bias[0], dtype), bias_broadcast=bias[1], bias_grad=bias[2],
             dq_slice_stores=walk != "sliced_zeroed", dq_slice_reverse=walk == "sliced_reverse",
-            dq_fused_convert=walk == "sliced_fused",
         )
         walk = walk if walk in DQ_WALKS else None  # the sliced dQ walks no turns
         unmasked = not (main.has_window_left or main.has_window_right)
@@ -120,13 +118,9 @@ def admitted_bwd_params() -> list:
                 record = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
                                              dq_warp_turns=turns, **bias_way).validate()
                 seen[record] = None
-                if main.dq_fused_convert:
-                    for unroll in (2, 4):  # besides config.FUSED_SLICE_UNROLL's 1
-                        seen[dataclasses.replace(record, slice_unroll=unroll).validate()] = None
         seen[BwdPreParams.of(main, sinks)] = None
-        if not main.dq_fused_convert:  # else no bwd_convert runs
-            seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
-        if main.dq_slices and not main.dq_fused_convert:
+        seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
+        if main.dq_slices:
             for unroll in (1, 4):  # besides config.SLICE_UNROLL's 2
                 seen[BwdConvertParams.of(main, unroll)] = None
         if split:

@@ -61,11 +61,6 @@ def test_admitted_chain_covers_every_kernel_and_mode():
         (True, False), (False, False), (False, True)}  # a left window: the slices are zeroed
     assert {p.dq_slice_reverse for p in mains if p.dq_slices} == {False, True}
     assert not any(p.dq_slice_reverse for p in mains if not p.dq_slices)
-    # the fused convert under each mask kind, each of the sum's unrolls; its bwd_pre zeroes counters only
-    assert {(p.has_window_right, p.slice_unroll) for p in mains if p.dq_fused_convert} == {
-        (r, u) for r in (False, True) for u in (1, 2, 4)}
-    assert all(p.dq_slice_stores for p in mains if p.dq_fused_convert)
-    assert any(p.counter_tile_m and not p.accum_tile_m for p in ALL if isinstance(p, BwdPreParams))
     for kind in (BwdPreParams, BwdConvertParams):  # they zero and sum the slices
         assert {p.dq_slices for p in ALL if isinstance(p, kind)} == {False, True}
     # slices written whole: the convert skips the chunks the main left unwritten, by its mask
@@ -301,53 +296,12 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(main, **bad).validate()
     with pytest.raises(ValueError, match="dq_slices zeroes"):
-        dataclasses.replace(pre, dq_slices=True, accum_tile_m=main.tile_m, dq_counters=1,
-                            counter_tile_m=main.tile_m).validate()
+        dataclasses.replace(pre, dq_slices=True, accum_tile_m=main.tile_m, dq_counters=1).validate()
     for bad in (dict(has_window_left=True), dict(dq_slices=False)):
         with pytest.raises(ValueError, match="dq_slice_stores"):
             dataclasses.replace(main, **bad).validate()
     with pytest.raises(ValueError, match="dq_slice_reverse"):
         dataclasses.replace(main, dq_slices=False, dq_slice_stores=False, dq_slice_reverse=True).validate()
-
-
-@pytest.mark.L0
-def test_fused_convert_plan_counts_arrivals_and_drops_the_convert():
-    """``Sm80Backward(fused_convert=True)`` sums the sliced dQ's slices in the main kernel
-    (``BwdParams.dq_fused_convert``) under any mask that lets it write them whole: the chain is
-    bwd_pre zeroing one int32 counter per (sequence, head, query block) and nothing else, then
-    the main kernel, with no bwd_convert; the workspace carves the counters; the sum loads
-    ``FUSED_SLICE_UNROLL`` slices at a time unless ``convert_unroll`` says otherwise. By default
-    (not yet run on a GPU), and with a left window (no slice stores), bwd_convert sums them."""
-    from frost.kernels.sm80.config import FUSED_SLICE_UNROLL
-
-    q = torch.empty(2, 1000, 8, 64, dtype=torch.bfloat16)
-    k = torch.empty(2, 1000, 2, 64, dtype=torch.bfloat16)
-
-    def problem(**keywords):
-        return Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 1000), do=q, deterministic=True,
-                                 **keywords)
-
-    plan = Sm80Backward(fused_convert=True).compile(problem(causal=True))
-    pre, main = plan.params[:2]
-    assert main.dq_fused_convert and main.dq_slice_stores and main.slice_unroll == FUSED_SLICE_UNROLL
-    assert not any(isinstance(p, (BwdConvertParams, BwdDqParams)) for p in plan.params)
-    assert (pre.accum_tile_m, pre.dq_slices, pre.dq_counters, pre.counter_tile_m) == (0, False, 1, main.tile_m)
-    assert pre.num_m_blocks(1000) == 16  # 8 query blocks of 128 rows, two 64-row CTAs each
-    counters = plan._workspace.carve(torch.empty(plan.workspace_bytes, dtype=torch.uint8))["dq_counters"]
-    assert counters.dtype == torch.int32 and counters.shape == (2, 8, 8)
-    assert Sm80Backward(fused_convert=True, convert_unroll=4).records(problem(causal=True))[1].slice_unroll == 4
-    assert Sm80Backward(fused_convert=True).records(problem())[1].dq_fused_convert
-    for engine, keywords in ((Sm80Backward(), dict(causal=True)), (Sm80Backward(fused_convert=True),
-                                                                   dict(window=(100, 0)))):
-        kept = engine.compile(problem(**keywords))
-        assert not kept.params[1].dq_fused_convert and isinstance(kept.params[2], BwdConvertParams)
-        assert kept.params[0].dq_counters == 0 and "dq_counters" not in kept._workspace.words
-    for bad, match in ((dict(dq_slice_stores=False), "dq_fused_convert"),
-                       (dict(dq_fused_convert=False), "slice_unroll"), (dict(slice_unroll=3), "slice_unroll")):
-        with pytest.raises(ValueError, match=match):
-            dataclasses.replace(main, **{"slice_unroll": 2, **bad}).validate()
-    with pytest.raises(ValueError, match="both or neither"):
-        dataclasses.replace(pre, counter_tile_m=0).validate()
 
 
 @pytest.mark.L0

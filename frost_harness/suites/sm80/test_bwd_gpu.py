@@ -23,7 +23,7 @@ import torch
 
 import frost
 from frost.dispatch import ledger
-from frost.kernels.sm80.config import BwdConvertParams, BwdDqParams, BwdParams
+from frost.kernels.sm80.config import BwdDqParams, BwdParams
 from frost.problem import prepare
 from frost_harness.suites.sm80 import gpu_cases
 from frost_harness.suites.harness import Case, bits_equal, check, make_inputs, run_backward
@@ -481,11 +481,9 @@ SLICED_CASES = {  # WALK_CASES' problems (masks, padding, THD, a split group), a
 }
 SLICED_MODES = {"device_width": dict(), "scalar": dict(det_reduce_width=1), "two_slices": dict(dq_slices=2),
                 "zeroed": dict(slice_stores=False), "reverse": dict(slice_reverse=True, dq_slices=2),
-                "unroll4": dict(convert_unroll=4), "fused": dict(fused_convert=True),
-                "fused_unroll2": dict(fused_convert=True, convert_unroll=2)}
+                "unroll4": dict(convert_unroll=4)}
 # modes whose dQ must be bit for bit that of these settings: the same adds in the same order
-SLICED_SAME_BITS = {"reverse": dict(slice_reverse=False), "unroll4": dict(convert_unroll=1),
-                    "fused": dict(fused_convert=False), "fused_unroll2": dict(fused_convert=False)}
+SLICED_SAME_BITS = {"reverse": dict(slice_reverse=False), "unroll4": dict(convert_unroll=1)}
 
 
 @pytest.mark.L0
@@ -499,15 +497,13 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     forced (every CTA then walks several key blocks), with the slices zeroed by bwd_pre
     instead of written whole (``slice_stores=False``), with the odd rounds walking in reverse
     (``slice_reverse``, two slices: every CTA has an odd round) and dQ bit for bit the forward
-    walk's, with the sum loading 4 slices before their adds and dQ bit for bit one slice at a
-    time's (the default loads ``SLICE_UNROLL`` in bwd_convert, ``FUSED_SLICE_UNROLL`` fused), and
-    with the main kernel's fused convert (``fused_convert=True``, one and two slices at a time:
-    dQ bit for bit bwd_convert's); the plan took what was asked."""
+    walk's, and with bwd_convert loading 4 slices before their adds and dQ bit for bit one
+    slice at a time's (the default loads ``SLICE_UNROLL``); the plan took what was asked."""
     from frost.engines.sm80 import dq_slice_count
-    from frost.kernels.sm80.config import FUSED_SLICE_UNROLL, SLICE_UNROLL
+    from frost.kernels.sm80.config import SLICE_UNROLL
 
     defaults = {"sliced_dq": True, "det_reduce_width": None, "dq_slices": None, "slice_stores": True,
-                "slice_reverse": False, "convert_unroll": None, "fused_convert": False}
+                "slice_reverse": False, "convert_unroll": None}
     for attribute, value in {**defaults, **SLICED_MODES[mode]}.items():
         monkeypatch.setattr(_engine(), attribute, value)
     if name.startswith("gqa_split"):
@@ -519,22 +515,16 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     problem, _ = prepare("forward", inputs.q, inputs.k, inputs.v, **inputs.keywords)  # facts only: as a backward
     problem = dataclasses.replace(problem, direction=DIRECTION, deterministic=True)
     plan = _engine().compile(problem)
-    pre, main = plan.params[:2]
-    convert = next((p for p in plan.params if isinstance(p, BwdConvertParams)), None)
-    assert main.dq_slices and (convert is None or convert.dq_slices) and not main.dq_ordered and not main.heavy_first
+    pre, main, convert = plan.params[:3]
+    assert main.dq_slices and convert.dq_slices and not main.dq_ordered and not main.heavy_first
     assert main.dq_slice_stores == (mode != "zeroed" and not main.has_window_left) != pre.dq_slices
-    fused = main.dq_fused_convert
-    assert fused == (main.dq_slice_stores and mode.startswith("fused"))
-    assert (convert is None) == fused == (pre.dq_counters == 1)
-    # bwd_convert skips the chunks the main left unwritten
-    assert fused or convert.dq_slice_stores == main.dq_slice_stores
+    assert convert.dq_slice_stores == main.dq_slice_stores  # then it skips the chunks the main left unwritten
     assert main.dq_slice_reverse == (mode == "reverse")
     sm90 = torch.cuda.get_device_capability() >= (9, 0)
     assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
     forced = SLICED_MODES[mode].get("dq_slices")
     assert plan.slices == (forced or dq_slice_count(problem, main, plan.splits))
-    assert (main if fused else convert).slice_unroll == (
-        SLICED_MODES[mode].get("convert_unroll") or (FUSED_SLICE_UNROLL if fused else SLICE_UNROLL))
+    assert convert.slice_unroll == (4 if mode == "unroll4" else SLICE_UNROLL)
     assert main.split_group or not name.startswith("gqa_split")
     if mode in SLICED_SAME_BITS:
         o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)

@@ -30,15 +30,14 @@ class _Recorder:
         self.calls.append(self.name)
 
 
-def _chain_calls(sq: int, sk: int, deterministic: bool, engine: Sm80Backward | None = None) -> list[str]:
+def _chain_calls(sq: int, sk: int, deterministic: bool) -> list[str]:
     q = torch.randn(2, sq, 4, 64, dtype=torch.bfloat16)
     k = torch.randn(2, sk, 4, 64, dtype=torch.bfloat16)
     problem, tensors = prepare("backward", q, k, k, o=q, lse=torch.zeros(2, 4, sq), do=q,
                                deterministic=deterministic)
-    plan = (engine or Sm80Backward()).compile(problem)
+    plan = Sm80Backward().compile(problem)
     calls: list[str] = []
-    roles = ("pre", "main") if plan._launch.last is None else ("pre", "main", "last")
-    plan._launch = plan._launch._replace(**{name: _Recorder(name, calls) for name in roles})
+    plan._launch = plan._launch._replace(**{name: _Recorder(name, calls) for name in ("pre", "main", "last")})
     plan.execute(tensors)
     return calls
 
@@ -49,16 +48,6 @@ def test_zero_extents_skip_exactly_the_kernels_with_empty_grids(deterministic):
     assert _chain_calls(64, 64, deterministic) == ["pre", "main", "last"]
     assert _chain_calls(0, 64, deterministic) == ["main"]  # writes dk = dv = 0
     assert _chain_calls(64, 0, deterministic) == ["pre", "last"]  # writes dq = 0
-
-
-@pytest.mark.L0
-def test_zero_extents_under_the_fused_convert_launch_the_main_kernel_for_dq():
-    """The sliced dQ's fused convert has no last pass: without keys the main kernel's slice-0
-    CTAs write dq's zeros (its grid holds the slices, never empty while there are queries)."""
-    fused = Sm80Backward(fused_convert=True)
-    assert _chain_calls(64, 64, True, fused) == ["pre", "main"]
-    assert _chain_calls(0, 64, True, fused) == ["main"]
-    assert _chain_calls(64, 0, True, fused) == ["pre", "main"]
 
 
 @pytest.mark.L0
@@ -78,15 +67,8 @@ def test_all_empty_packed_batch_launches_nothing_and_returns_zeros():
 @pytest.mark.L0
 @pytest.mark.gpu
 @pytest.mark.parametrize("sq, sk", [(0, 70), (90, 0)])
-@pytest.mark.parametrize("deterministic", [False, True, "fused"])
-def test_dense_zero_extents_on_the_gpu_give_the_contracts_result(sq, sk, deterministic, monkeypatch):
-    """``"fused"``: deterministic, with the sliced dQ's fused convert (``fused_convert=True``)."""
-    if deterministic == "fused":
-        from frost import dispatch
-
-        engine = next(e for e in dispatch.engines("backward") if e.name == "sdpa_bwd_sm80")
-        monkeypatch.setattr(engine, "fused_convert", True)
-        deterministic = True
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_dense_zero_extents_on_the_gpu_give_the_contracts_result(sq, sk, deterministic):
     q = torch.randn(2, sq, 4, 64, dtype=torch.bfloat16, device="cuda")
     k, v = (torch.randn(2, sk, 2, 64, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     sinks = torch.randn(4, device="cuda")

@@ -65,7 +65,6 @@ def _inputs(layout: str, heads_q: int, heads_kv: int, sinks: bool):
 BACKWARDS = {  # name: (engine, layout, heads_q, heads_kv, deterministic, call keywords)
     "default": (Sm80Backward(), "bshd", 4, 4, False, dict(causal=True)),
     "sliced": (Sm80Backward(), "thd", 4, 2, True, dict(window=(-1, 20))),
-    "sliced_fused": (Sm80Backward(fused_convert=True), "bshd", 4, 2, True, dict(causal=True)),
     "ordered": (Sm80Backward(sliced_dq=False), "thd", 4, 4, True, dict(causal=True)),
     "dq_pass": (Sm80Backward(ordered_dq=False), "bshd", 4, 4, True, dict(window=(30, 5))),
     "bias": (Sm80Backward(), "bshd", 4, 2, False, dict(bias=torch.randn(1, 4, 100, 130).bfloat16())),
@@ -81,9 +80,8 @@ def test_backward_chain_arguments_bind_to_the_entry_points(name):
                          **kw, **keywords)
     plan = engine.compile(problem)
     calls: dict = {}
-    fused = plan.params[1].dq_fused_convert
-    roles = ("pre", "main", "combine") if fused else ("pre", "main", "last", "combine")
-    plan._launch = plan._launch._replace(**dict(zip(roles, (_Binder(r, calls) for r in plan.params))))
+    binders = dict(zip(("pre", "main", "last", "combine"), (_Binder(r, calls) for r in plan.params)))
+    plan._launch = plan._launch._replace(**binders)
     grads = plan.execute(t)
 
     pre, main = calls["sm80/bwd_pre"], calls["sm80/bwd"]
@@ -100,17 +98,14 @@ def test_backward_chain_arguments_bind_to_the_entry_points(name):
     assert main["launch_group"] == plan.launch_group
     # bwd_pre zeroes the accumulator unless the sliced dQ writes its slices whole
     assert pre["mdQaccum"] is (None if plan.params[1].dq_slice_stores else main["mdQaccum"])
-    assert (main["mdQcounters"] is None) != (plan.params[1].dq_ordered or fused)
-    assert main["mdQ"] is (grads.dq if fused else None)  # the fused convert writes dq
+    assert (main["mdQcounters"] is None) != plan.params[1].dq_ordered
 
     if plan.splits > 1:
         assert not _misbound(calls["sm80/bwd_combine"], mdKpart=main["mdK"], mdVpart=main["mdV"], mdK=grads.dk,
                              mdV=grads.dv, mCuSeqlensK=t.cu_seqlens_k)
     else:
         assert not _misbound(main, mdK=grads.dk, mdV=grads.dv)
-    if fused:
-        assert main["mdQaccum"] is not None and "sm80/bwd_convert" not in calls
-    elif plan.params[1].reduces_dq:
+    if plan.params[1].reduces_dq:
         convert = calls["sm80/bwd_convert"]
         assert main["mdQaccum"] is not None
         assert not _misbound(convert, mdQaccum=main["mdQaccum"], mdQ=grads.dq, mCuSeqlensQ=t.cu_seqlens_q)
