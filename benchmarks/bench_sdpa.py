@@ -44,10 +44,10 @@ reducing one float at a time instead of 4), ``det_comb64`` (the split group's pa
 64 key rows and one split at a time, ``fast_combine=False``), each with its ``cost``, its time
 over the default plan's; ``--det-variants det_stores,...`` times only the named ones (with or
 without ``--variants``). The default mode's (``--variants`` or ``--variants all``): ``w4`` (dQ
-reduced 4 floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` / ``hf_on`` (launch order),
-``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``). ``--variants all`` adds forward
-columns ``f<m>x<n>w<warps>``: the forward compiled with other tiles (config.FWD_TILES is the
-default), launched on the same tensors.
+reduced 4 floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` /
+``hf_on`` (launch order), ``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``).
+``--variants all`` adds forward columns ``f<m>x<n>w<warps>``: the forward compiled with other
+tiles (config.FWD_TILES is the default), launched on the same tensors.
 
 ``--rope`` times fused RoPE instead: forward + backward (``frost.attention`` and autograd)
 with ``rope=(cos, sin)`` (the SM80 engines' rotation pass) against q and k rotated by torch

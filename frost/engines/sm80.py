@@ -681,12 +681,11 @@ class _Sm80ForwardPlan(Plan):
 class _Workspace:
     """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32);
     the flat fp32 dQ accumulator (default mode, and ``slices`` of it for the sliced deterministic
-    dQ; layout in sm80/seqlen.py) and, ordered
-    deterministic mode, int32 counters per query block; per-block dsink
-    partials (with sinks); fp32 dK / dV partials (split GQA groups); for a broadcast bias
-    (kernels/sm80/bias.py) fp32 dbias partials [B, Hq, Sq, Sk] (deterministic mode: 4 bytes per
-    element, B*Hq/(B'*H') times the bias's element count) or, default mode with a bias in the
-    io dtype, an fp32 accumulator shaped like the bias."""
+    dQ; layout in sm80/seqlen.py) and, ordered deterministic mode, int32 counters per query
+    block; per-block dsink partials (with sinks); fp32 dK / dV partials (split GQA groups); for
+    a broadcast bias (kernels/sm80/bias.py) fp32 dbias partials [B, Hq, Sq, Sk] (deterministic
+    mode: 4 bytes per element, B*Hq/(B'*H') times the bias's element count) or, default mode
+    with a bias in the io dtype, an fp32 accumulator shaped like the bias."""
 
     ALIGN = 256
 
