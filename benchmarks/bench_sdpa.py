@@ -226,7 +226,8 @@ DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_ordered": dict(sliced_dq
                 "det_zeroed": dict(sliced_dq=True, slice_stores=False),
                 "det_reverse": dict(sliced_dq=True, slice_reverse=True),
                 "det_s_w1": dict(sliced_dq=True, det_reduce_width=1),
-                "det_comb64": dict(sliced_dq=True, fast_combine=False)}
+                "det_comb64": dict(sliced_dq=True, fast_combine=False),
+                "det_partials": dict(cluster_sum=False)}
 
 
 def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
@@ -238,6 +239,7 @@ def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
     if hq != hkv:
         forced["nosplit"] = dict(split=1)
         forced["comb64"] = dict(fast_combine=False)
+        forced["partials"] = dict(cluster_sum=False)
     # the wide flavors run 64x64 by default; 64x128 fits shared memory for d192x128 and d192, not d256
     tiles = ((128, 64), (64, 128)) if dqk <= 64 else ((64, 64),) if dqk <= 128 else ((64, 128),)
     for tm, tn in tiles:

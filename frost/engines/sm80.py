@@ -199,7 +199,10 @@ class Sm80Backward(Engine):
     - the combine of a split group's dK / dV partials: 16 key rows per CTA and 4 splits' loads at
       a time (``config.COMBINE_FAST``; H200: 1.4-2x faster where its grid is small, the same
       where it is memory-bound, benchmarks/NOTES.md, twentieth session); ``fast_combine=False``
-      keeps 64 rows and one split at a time.
+      keeps 64 rows and one split at a time;
+    - on SM90, a group split in 2 sums dK and dV in clusters of its CTAs instead
+      (``cluster_sums``, ``BwdParams.split_cluster``: no partials, no combine); ``cluster_sum``
+      True forces clusters for any split that is a cluster size, False keeps the partials.
     """
 
     name = "sdpa_bwd_sm80"
@@ -214,7 +217,7 @@ class Sm80Backward(Engine):
                  batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
                  bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None,
                  slice_stores: bool = True, slice_reverse: bool = False, fast_combine: bool = True,
-                 convert_unroll: int | None = None):
+                 convert_unroll: int | None = None, cluster_sum: bool | None = None):
         if dq_walk not in ("auto", "shared"):
             raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
         self.dq_reduce_width = dq_reduce_width
@@ -233,6 +236,7 @@ class Sm80Backward(Engine):
         self.slice_reverse = slice_reverse  # the sliced dQ's odd rounds walk in reverse (measured: dearer)
         self.fast_combine = fast_combine  # BwdCombineParams.of(fast=...) for a split group
         self.convert_unroll = convert_unroll  # BwdConvertParams.slice_unroll of a sliced dQ (None: SLICE_UNROLL)
+        self.cluster_sum = cluster_sum  # a split group's dK / dV summed in clusters (backward_choices)
         self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
@@ -251,7 +255,7 @@ class Sm80Backward(Engine):
             return backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first, self.ordered_dq,
                                     self.tile_mn, self.dq_walk, self.warp_turns, self.det_reduce_width,
                                     self.batch_inner, self.dbias_reduce_width, self.bias_staged, sliced_dq,
-                                    self.slice_stores, self.slice_reverse)
+                                    self.slice_stores, self.slice_reverse, self.cluster_sum)
 
         sliced = self.sliced_dq
         if sliced is None:  # the default: sliced in deterministic mode unless another way was chosen
@@ -263,7 +267,7 @@ class Sm80Backward(Engine):
                 main, splits = choices(False)
         pre = BwdPreParams.of(main, problem.has_sinks)
         last = BwdConvertParams.of(main, self.convert_unroll) if main.reduces_dq else BwdDqParams.of(main)
-        combine = (BwdCombineParams.of(main, self.fast_combine),) if splits > 1 else ()
+        combine = (BwdCombineParams.of(main, self.fast_combine),) if splits > 1 and not main.split_cluster else ()
         return (pre, main, last, *combine), splits
 
     def slice_count(self, problem: Problem, main, splits: int) -> int:
@@ -327,8 +331,10 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
                      ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
                      warp_turns: bool = False, det_reduce_width: int | None = 1, batch_inner: bool | None = False,
                      dbias_reduce_width: int | None = 1, bias_staged: bool | None = False, sliced_dq: bool = False,
-                     slice_stores: bool = True, slice_reverse: bool = False):
+                     slice_stores: bool = True, slice_reverse: bool = False, cluster_sum: bool | None = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward).
+    ``cluster_sum``: a split group's dK and dV summed in clusters (``cluster_sums``: None, the
+    device's default) where the walk and the shared memory allow (``BwdParams.split_cluster``).
     ``dq_reduce_width`` None: ``default_dq_reduce_width``; ``det_reduce_width`` None: 4 on SM90,
     else 1. For a dbias reduced over broadcast dims, ``batch_inner`` None: ``bias_batch_inner``
     unless ``heavy_first`` is forced; ``dbias_reduce_width`` None: 2 floats per reduction on
@@ -381,7 +387,28 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         bias_staged = main.bias_dtype == "float32"
     if bias_staged and dataclasses.replace(main, bias_staged=True).smem_bytes() <= _problem_smem(problem):
         main = dataclasses.replace(main, bias_staged=True)
+    clustered = dataclasses.replace(main, split_cluster=split)
+    if (cluster_sums(problem, split, cluster_sum) and main.dq_walk != "diagonal" and main.tile_n % split == 0
+            and clustered.cluster_stash_bytes() <= clustered.smem_bytes()):
+        main = clustered
     return main.validate(), split
+
+
+# A split group's dK and dV summed by the clusters of its CTAs (BwdParams.split_cluster) rather
+# than through fp32 partials and bwd_combine: by default on SM90 for 2 splits only. Measured
+# (H100, benchmarks/NOTES.md, twenty-fifth session): with 2 splits the main kernel took about
+# what the combine saved and the chain one launch less; 4- and 8-CTA clusters, one CTA per SM,
+# did not all fit on the device at once and their main kernels took twice as long.
+CLUSTER_SUM_SPLITS = (2,)
+
+
+def cluster_sums(problem: Problem, split: int, forced: bool | None = None) -> bool:
+    """Whether ``split`` parts of a GQA group sum dK and dV in clusters: as ``forced``, else for
+    CLUSTER_SUM_SPLITS; only on SM90 (clusters) and for a count that is a cluster size."""
+    from frost.kernels.sm80.config import SPLIT_CLUSTERS
+
+    wanted = forced if forced is not None else split in CLUSTER_SUM_SPLITS
+    return bool(wanted) and split in SPLIT_CLUSTERS[1:] and _problem_sm90(problem)
 
 
 def default_dq_reduce_width(problem: Problem) -> int:
@@ -527,6 +554,8 @@ def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int, strea
     streamed = key_blocks * rows_q * problem.heads_q * (dqk + dv) * 2 * visible / slices
     main_seconds += streamed / SLICED_STREAM_BYTES if streaming else 0.0
     partials = rows_k * problem.heads_kv * (dqk + dv) * (4 * splits * 2 + 2) if splits > 1 else 0
+    if cluster_sums(problem, splits):  # no partials: the main kernel writes dk and dv
+        partials = 0
     if main.dq_slice_stores:
         sliced_rows = sum(problem.seqlen_q - _first_row_seeing(problem, s * main.tile_n) // main.tile_m * main.tile_m
                           for s in range(slices)) * rows_q / problem.seqlen_q
@@ -710,7 +739,7 @@ class _Workspace:
                 self.parts.append(("dbias_partial", (p.batch, p.heads_q, *extents)))
             elif p.bias.dtype != torch.float32:  # a float32 dbias is its own accumulator
                 self.parts.append(("dbias_accum", p.bias.shape))
-        if splits > 1:
+        if splits > 1 and not main.split_cluster:  # a cluster sum writes dk and dv itself
             rows = (p.total_k,) if p.layout == "thd" else (p.batch, p.seqlen_k)
             for name, width in (("dk_partial", main.tile_hdim_qk), ("dv_partial", main.tile_hdim_v)):
                 self.parts.append((name, (splits, *rows, p.heads_kv, width)))
@@ -804,7 +833,7 @@ class _Sm80BackwardPlan(Plan):
         super().__init__(problem)
         self.params = params  # (pre, main, convert or deterministic dq[, combine])
         self.slices = slices  # the sliced dQ's (its accumulator's head axis carries the count to the kernels)
-        self._launch = BwdLaunch(*compiled[:3], compiled[3] if splits > 1 else None, splits,
+        self._launch = BwdLaunch(*compiled[:3], compiled[3] if len(compiled) > 3 else None, splits,
                                  launch_group(problem, params[1], splits), params[0].accum_tile_m > 0,
                                  params[1].dq_slice_stores,
                                  problem.scale, problem.window_left, problem.window_right, problem.batch,

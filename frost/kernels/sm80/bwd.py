@@ -84,6 +84,13 @@ Epilogue: dK *= scale; dK and dV through shared memory to 128-bit stores (or
 fp32 partials when split). Key rows past Sk_b inside the padded extent are
 written as zeros.
 
+Cluster sum (``split_cluster``, SM90): the split CTAs of one key block run as one cluster (rank
+= split) and, after each pass, stash their fp32 dK and dV over their own shared tiles; past a
+cluster barrier CTA s sums rows [s, s + 1) * tile_n / splits of every stash in split order
+(``cluster_sum``: bwd_combine's adds, so the same bits) and writes dk and dv itself. A second
+barrier keeps each stash until every CTA has read it. The CTAs of a cluster walk the same key
+blocks, so they meet at each barrier about together.
+
 Head dims: Q, K, dQ, dK are tiled to ``tile_hdim_qk`` columns, V, dO, dV to
 ``tile_hdim_v`` (they differ for ``d192x128``); S = Q.K^T and dQ = dS.K, dK =
 dS^T.Q run over the first, dP = dO.V^T and dV = P^T.dO over the second.
@@ -98,10 +105,13 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32, Int64, const_expr
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm, nvvm
 
 from frost.kernels.sm80 import order, recompute, tiles
 from frost.kernels.sm80.bias import BiasTileCopy, ScoreBias, bias_view, staged_layout
+from frost.kernels.sm80.config import CLUSTER_STASH_PAD
 from frost.kernels.sm80.mask import AttentionMask
 from frost.kernels.sm80.grid import grid_coords, grid_order, launch_extents, launch_grid
 from frost.kernels.sm80.seqlen import SeqlenInfo, SeqlenTensors, accum_slices, dq_accum_slice, heads_of
@@ -124,6 +134,7 @@ HAS_DBIAS = P.dbias_dtype is not None  # a bias whose gradient is wanted
 BIAS_STAGED = P.bias_staged  # the bias tile comes through shared memory by cp.async (bias.py)
 SLICED = P.dq_slices  # deterministic: each CTA reduces dQ into a slice of its own, no turns
 SLICE_REVERSE = P.dq_slice_reverse  # the sliced dQ's odd rounds walk their steps in reverse
+SPLIT_CLUSTER = P.split_cluster  # a split group's CTAs of a key block sum dK, dV as a cluster (0: partials)
 GRID_ORDER = grid_order(P.heavy_first, P.batch_inner)  # blocks fastest with slices or a diagonal walk
 
 
@@ -200,11 +211,15 @@ def sdpa_bwd(
     if const_expr(SLICED):  # grid x holds the slices, which the accumulator's head axis counts (seqlen.py)
         num_n_blocks = accum_slices(mdQaccum, heads_of(mQ, PACKED), PACKED)
     grid = launch_grid(GRID_ORDER, num_n_blocks, heads_kv * num_splits, num_batch)
+    # a cluster holds one key block's SPLIT_CLUSTER split CTAs: consecutive on the head axis
+    # (head slot = kv head * splits + split), so the rank in the cluster is the split
+    cluster = launch_grid(GRID_ORDER, 1, SPLIT_CLUSTER, 1) if const_expr(SPLIT_CLUSTER) else None
     bwd_kernel(
         BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
         scale, scale_log2, window_left, window_right, num_splits, launch_group, setup, SharedStorage,
-    ).launch(grid=grid, block=[NUM_THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
+    ).launch(grid=grid, block=[NUM_THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
+             cluster=cluster)
 
 
 @cute.kernel
@@ -239,8 +254,14 @@ def bwd_kernel(
         # (TILE_M, TILE_N) float32: step i+1's tile is copied once every warp has read step i's
         sBias = storage.sBias.get_tensor(staged_layout(TILE_M, TILE_N))
         bias_copy = BiasTileCopy.create(tidx, sBias, TILE_M, TILE_N, NUM_THREADS)
+    stash = None
+    if const_expr(SPLIT_CLUSTER):
+        # (TILE_N, TILE_HDIM_QK + TILE_HDIM_V + pad) fp32 over the tiles from sK on: dK's columns, then dV's
+        width = TILE_HDIM_QK + TILE_HDIM_V + CLUSTER_STASH_PAD
+        stash = cute.make_tensor(cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32),
+                                 cute.make_layout((TILE_N, width), stride=(width, 1)))
     cta = KeyBlockCta(tensors, setup, tidx, step, loads, sBias, bias_copy, mask, seqlen, batch, head_kv, split,
-                      first_head, heads_per_cta, sK, sV, scale, scale_log2)
+                      first_head, heads_per_cta, sK, sV, scale, scale_log2, stash)
     if const_expr(SLICED):
         # grid x holds the slices: this CTA takes one key block of each round of ``slices`` blocks,
         # block n_block of the even rounds and slices - 1 - n_block of the odd ones (a zigzag: under
@@ -286,6 +307,7 @@ class KeyBlockCta(NamedTuple):
     sV: cute.Tensor
     scale: Float32
     scale_log2: Float32
+    stash: cute.Tensor | None  # the cluster sum's fp32 dK / dV rows (SPLIT_CLUSTER), else None
 
 
 @cute.jit
@@ -380,7 +402,10 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
     # ---- epilogue ------------------------------------------------------------------
     acc_dK.store(acc_dK.load() * scale)
     written_rows = seqlen.rows_k - n_block * TILE_N
-    if const_expr(P.split_group):
+    if const_expr(SPLIT_CLUSTER):
+        cute.arch.cp_async_wait_group(0)
+        cluster_sum(cta, acc_dK, acc_dV, n_block, written_rows)
+    elif const_expr(P.split_group):
         # a pass without steps waited for none of its loads: none may still be landing when the
         # sliced dQ's next pass loads into the same buffers (the unsplit epilogue below waits too)
         cute.arch.cp_async_wait_group(0)
@@ -735,6 +760,61 @@ def load_kv(gmem_tiled_copy, tidx, mK, mV, sK, sV, seqlen: SeqlenInfo, batch, he
             tiles.zero_unpredicated(t_dst, pred)
         g = cute.local_tile(seqlen.k_rows(m_src, batch, head_kv), (TILE_N, width), (n_block, 0))
         tiles.load_rows(gmem_tiled_copy, thr.partition_S(g), t_dst, tXcX, pred, keys_left)
+
+
+CLUSTER_VEC = 8  # fp32 columns a thread sums per row visit: two 16-byte loads per split, one 16-byte store
+
+
+@cute.jit
+def cluster_sum(cta: KeyBlockCta, acc_dK: cute.Tensor, acc_dV: cute.Tensor, n_block, written_rows):
+    """dK and dV of key block ``n_block`` summed over the cluster's splits (SPLIT_CLUSTER): each CTA
+    stashes its fp32 fragments in its own shared memory; after the cluster barrier, CTA ``split``
+    adds rows [split, split + 1) * TILE_N / SPLIT_CLUSTER of every CTA's stash in split order from
+    0.0 (bwd_combine's order, so the same bits), rounds and stores them, rows [0, written_rows)
+    of the block. The second barrier keeps every stash whole until the last CTA has read it."""
+    tidx, stash = cta.tidx, cta.stash
+    cute.arch.barrier()  # every warp is done with the tiles the stash overwrites
+    thr_dkv = cta.setup.tiled_mma_dkv.get_slice(tidx)
+    for acc, first, width in ((acc_dK, 0, TILE_HDIM_QK), (acc_dV, TILE_HDIM_QK, TILE_HDIM_V)):
+        # (frag): this thread's dK or dV fragment's places in the stash's columns [first, first + width)
+        t_stash = thr_dkv.partition_C(cute.local_tile(cute.domain_offset((0, first), stash), (TILE_N, width), (0, 0)))
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            t_stash[i] = acc[i]
+    cute.arch.cluster_arrive()  # release: the stash is written
+    cute.arch.cluster_wait()    # acquire: so are the other CTAs'
+    rows = TILE_N // SPLIT_CLUSTER
+    for m_out, first, width, head_dim in ((cta.tensors.dk, 0, TILE_HDIM_QK, cta.tensors.q.shape[-1]),
+                                          (cta.tensors.dv, TILE_HDIM_QK, TILE_HDIM_V, cta.tensors.v.shape[-1])):
+        per_row = width // CLUSTER_VEC
+        # (TILE_N, width): this CTA's rows of dk or dv
+        g_tile = cute.local_tile(cta.seqlen.k_rows(m_out, cta.batch, cta.head_kv), (TILE_N, width), (n_block, 0))
+        for visit in cutlass.range_constexpr((rows * per_row + NUM_THREADS - 1) // NUM_THREADS):
+            index = visit * NUM_THREADS + tidx
+            row = cta.split * rows + index // per_row
+            column = first + (index % per_row) * CLUSTER_VEC
+            if index < rows * per_row and row < written_rows and column - first < head_dim:
+                # (CLUSTER_VEC,): the splits' fp32 columns, summed in split order
+                acc = cute.make_rmem_tensor((CLUSTER_VEC,), Float32)
+                acc.fill(0.0)
+                local = stash.iterator + cute.crd2idx((row, column), stash.layout)
+                for rank in cutlass.range_constexpr(SPLIT_CLUSTER):
+                    # (CLUSTER_VEC,): CTA ``rank``'s stash there, through the generic window
+                    remote = cute.make_tensor(cute.make_ptr(Float32, peer_address(local, rank), cute.AddressSpace.generic,
+                                                            assumed_align=32), cute.make_layout(CLUSTER_VEC))
+                    acc.store(acc.load() + remote.load())
+                g_row = g_tile[row, None]
+                cute.local_tile(g_row, (CLUSTER_VEC,), ((column - first) // CLUSTER_VEC,)).store(
+                    acc.load().to(g_row.element_type))
+    cute.arch.cluster_arrive()
+    cute.arch.cluster_wait()
+
+
+def peer_address(ptr: cute.Pointer, rank) -> Int64:
+    """The generic address of shared-memory ``ptr``'s place in cluster CTA ``rank`` (``mapa``):
+    plain loads from it read that CTA's shared memory."""
+    mapped = nvvm.mapa(llvm.PointerType.get(7), ptr.to_llvm_ptr(), Int32(rank).ir_value())  # shared::cluster
+    generic = llvm.addrspacecast(llvm.PointerType.get(0), mapped)
+    return Int64(llvm.ptrtoint(ir.IntegerType.get_signless(64), generic))
 
 
 @cute.jit

@@ -173,7 +173,7 @@ def _build_bwd(params: BwdParams, options: str):
     dim_v = _head_dim(params.partial_hdim_v, params.tile_hdim_v)
     q, k = (fake_rows_tensor(dtype, packed, dim_qk) for _ in range(2))
     v, do = (fake_rows_tensor(dtype, packed, dim_v) for _ in range(2))
-    if params.split_group:
+    if params.split_group and not params.split_cluster:
         dk, dv = fake_partials(packed, params.tile_hdim_qk), fake_partials(packed, params.tile_hdim_v)
     else:
         dk, dv = fake_rows_tensor(dtype, packed, dim_qk), fake_rows_tensor(dtype, packed, dim_v)
@@ -358,7 +358,7 @@ class BwdLaunch(NamedTuple):
     pre: Any      # bwd_pre
     main: Any     # bwd
     last: Any     # bwd_convert (an accumulator: default and ordered or sliced deterministic), else bwd_dq
-    combine: Any  # bwd_combine for a split GQA group (``splits`` > 1), else None
+    combine: Any  # bwd_combine for a split GQA group's partials (``splits`` > 1 without a cluster sum), else None
     splits: int
     launch_group: int  # the diagonal walk's heads launched together (sm80/order.py)
     zero_accum: bool   # False: bwd_pre leaves the accumulator alone (compiled without it: dq_slice_stores)
@@ -383,7 +383,7 @@ def launch_bwd(chain: BwdLaunch, t: Tensors, grads: Grads, scratch: dict) -> Non
     deterministic mode: bwd_pre (which also zeroes the accumulator and counters), bwd (dK, dV,
     dQ reductions), bwd_convert (dq). Deterministic without an accumulator: bwd_pre, bwd (dK, dV
     only), bwd_dq. Split GQA groups (bwd_combine): the fp32 partials are summed in split order
-    into dk, dv.
+    into dk, dv (with a cluster sum the main kernel writes dk and dv itself).
 
     A kernel whose grid would be empty (no sequence, no query or no key rows) is not launched:
     CUDA rejects a zero grid, and there is nothing for it to write. With no query rows the main
@@ -395,7 +395,7 @@ def launch_bwd(chain: BwdLaunch, t: Tensors, grads: Grads, scratch: dict) -> Non
     if queries:
         chain.pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
                   scratch.get("dsink_partial"), accum if chain.zero_accum else None, counters, chain.max_seqlen_q)
-    dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if chain.splits > 1 else (grads.dk, grads.dv)
+    dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if chain.combine is not None else (grads.dk, grads.dv)
     if keys:
         chain.main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
                    t.bias, scratch.get("dbias_target"), t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
@@ -406,7 +406,7 @@ def launch_bwd(chain: BwdLaunch, t: Tensors, grads: Grads, scratch: dict) -> Non
     elif queries:
         masks = (t.k, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k) if chain.convert_masked else (None,) * 4
         chain.last(accum, grads.dq, t.cu_seqlens_q, *masks, scale, right, chain.max_seqlen_q)
-    if chain.splits > 1 and keys:
+    if chain.combine is not None and keys:
         chain.combine(dk_out, dv_out, grads.dk, grads.dv, t.cu_seqlens_k)
     if grads.dsinks is not None:
         torch.sum(scratch["dsink_partial"], dim=1, out=grads.dsinks)

@@ -227,6 +227,10 @@ class BwdPreParams(_Tiles):
 
 DQ_REDUCE_WIDTHS = (1, 2, 4)  # floats per dQ reduction; 2 and 4 (red.global.add.v2/v4.f32) need SM90
 DQ_WALKS = ("shared", "rotated", "diagonal")  # the ordered dQ's walks (sm80/order.py)
+SPLIT_CLUSTERS = (0, 2, 4, 8)  # BwdParams.split_cluster: none, or a portable cluster size
+# fp32 elements past each row of the cluster sum's stash: a row of 8 (mod 32) words puts the 4
+# rows of a half warp's fragment stores on distinct banks
+CLUSTER_STASH_PAD = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +315,10 @@ class BwdParams(_Tiles):
     # the sliced dQ's odd rounds take their steps in reverse, starting on the chunks the round
     # before ended on (their lines may still be in L2); dQ's adds keep their order
     dq_slice_reverse: bool = False
+    # a split group's CTAs of one key block run as a cluster of this many (the split count; 0:
+    # none), which sum dK and dV in split order through distributed shared memory and write dk
+    # and dv themselves: no fp32 partials, no bwd_combine (sm80/bwd.py, "Cluster sum"; SM90)
+    split_cluster: int = 0
 
     @property
     def reduces_dq(self) -> bool:
@@ -326,6 +334,11 @@ class BwdParams(_Tiles):
     def dq_chunk(self) -> int:
         """fp32 elements of one query block's chunk of the flat dQ accumulator."""
         return self.tile_m * self.tile_hdim_qk
+
+    def cluster_stash_bytes(self) -> int:
+        """The shared memory the cluster sum stashes fp32 dK and dV in (``split_cluster``): the
+        kernel's tiles again, from the first (sK), which no pass reads by then."""
+        return 4 * self.tile_n * (self.tile_hdim_qk + self.tile_hdim_v + CLUSTER_STASH_PAD)
 
     def smem_bytes(self) -> int:
         widths = self.tile_hdim_qk + self.tile_hdim_v
@@ -395,12 +408,19 @@ class BwdParams(_Tiles):
             bad("bias_staged copies float32 elements (4-byte cp.async): a float32 bias only")
         if self.batch_inner and (self.heavy_first or self.dq_ordered):
             bad("batch_inner is a launch order of its own: not with heavy_first or an ordered dQ walk")
+        if self.split_cluster not in SPLIT_CLUSTERS or (self.split_cluster and not self.split_group):
+            bad(f"split_cluster is one of {SPLIT_CLUSTERS[1:]} with split_group, 0 without")
+        if self.split_cluster and (self.dq_walk == "diagonal" or self.tile_n % self.split_cluster):
+            bad("split_cluster needs the grid's own head order (not the diagonal walk's) and tile_n rows per CTA")
+        if self.split_cluster and self.cluster_stash_bytes() > self.smem_bytes():
+            bad("split_cluster's fp32 dK / dV stash must fit in the kernel's shared tiles")
         return self
 
     @property
     def target_arch(self) -> str:
         """The oldest architecture the generated code runs on."""
-        return "sm_90" if self.dq_reduce_width > 1 or self.dbias_reduce_width > 1 else "sm_80"
+        wide = self.dq_reduce_width > 1 or self.dbias_reduce_width > 1
+        return "sm_90" if wide or self.split_cluster else "sm_80"
 
 
 def bwd_params_for(

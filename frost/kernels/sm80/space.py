@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 
 from frost.kernels.sm80.config import (
-    BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams, DQ_WALKS, FwdParams, bwd_params_for,
+    BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams, DQ_WALKS, SPLIT_CLUSTERS, FwdParams, bwd_params_for,
     fwd_params_for,
 )
 from frost.kernels.sm80.rope_params import MAX_HEAD_DIM, RopeParams, rope_params_for
@@ -77,6 +77,15 @@ def admitted_fwd_params() -> list[FwdParams]:
 SLICED_WALKS = ("sliced", "sliced_zeroed", "sliced_reverse")
 
 
+# a GQA group unsplit (None), split with fp32 partials and bwd_combine (0), or split and summed by
+# clusters of 2 CTAs (BwdParams.split_cluster, SM90: engines/sm80.cluster_sums' default); the
+# other cluster sizes (forced) change a loop count and the rows per CTA only, so they join
+# without a bias (CLUSTER_SIZES_UNBIASED): the space stays under twice its size without clusters,
+# which the L0 compile suites' cover walks
+SPLITS = (None, 0, 2)
+CLUSTER_SIZES_UNBIASED = tuple(size for size in SPLIT_CLUSTERS[1:] if size != 2)
+
+
 def admitted_bwd_params() -> list:
     """Every params record of every kernel of the backward chain (bwd_pre, bwd, bwd_convert or
     bwd_dq, and bwd_combine for split groups), as ``frost.engines.sm80.backward_choices`` can
@@ -95,8 +104,9 @@ def admitted_bwd_params() -> list:
               ("io", True, True), ("float32", False, False), ("io", False, False))
     for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, walk, turns), split, bias in (
         itertools.product(("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(),
-                          (False, True), (False, True), modes, (False, True), biases)
+                          (False, True), (False, True), modes, SPLITS, biases)
     ):
+        splits = (split, *CLUSTER_SIZES_UNBIASED) if split == 2 and bias[0] is None else (split,)
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
@@ -114,16 +124,18 @@ def admitted_bwd_params() -> list:
             orders = (walk == "shared",) if walk is not None else (
                 (False, True) if main.has_window_right and not bias_way["batch_inner"] and not main.dq_slices
                 else (False,))
-            for heavy_first in orders:
-                record = dataclasses.replace(main, split_group=split, heavy_first=heavy_first, dq_walk=walk,
-                                             dq_warp_turns=turns, **bias_way).validate()
-                seen[record] = None
+            for heavy_first, cluster in itertools.product(orders, splits):
+                record = dataclasses.replace(main, split_group=split is not None, heavy_first=heavy_first,
+                                             dq_walk=walk, dq_warp_turns=turns, split_cluster=cluster or 0, **bias_way)
+                if cluster and (walk == "diagonal" or record.cluster_stash_bytes() > record.smem_bytes()):
+                    continue  # backward_choices sums those splits through partials
+                seen[record.validate()] = None
         seen[BwdPreParams.of(main, sinks)] = None
         seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
         if main.dq_slices:
             for unroll in (1, 4):  # besides config.SLICE_UNROLL's 2
                 seen[BwdConvertParams.of(main, unroll)] = None
-        if split:
+        if split == 0:
             seen[BwdCombineParams.of(main)] = None
             seen[BwdCombineParams.of(main, fast=False)] = None
     return list(seen)

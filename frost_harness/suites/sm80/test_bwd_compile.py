@@ -207,12 +207,17 @@ def test_sliced_plan_is_the_least_estimated_chain_or_the_ordered_dq_past_the_scr
         return Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(b, hq, s), do=q, causal=causal,
                                  deterministic=True)
 
-    d64 = problem(4, 2048, 8, 2, 64)  # the benchmark's: 4 splits x 4 slices, 128 CTAs
+    # the benchmark's: off a GPU an SM90's plan, 2 splits (summed in clusters: no partials) x 8
+    # slices, 128 CTAs; without the clusters' saving 4 x 4 (the least scratch within the slack)
+    d64 = problem(4, 2048, 8, 2, 64)
     records, splits = Sm80Backward()._chain(d64)
     plans = engine._sliced_plans(d64, records[1])
-    assert (splits, engine.dq_slice_count(d64, records[1], splits)) == (4, 4) and {(2, 8), (4, 8)} < set(plans)
+    assert (splits, engine.dq_slice_count(d64, records[1], splits)) == (2, 8) and {(4, 4), (4, 8)} < set(plans)
+    assert records[1].split_cluster == 2 and len(records) == 3  # no bwd_combine
     estimates = {plan: engine.sliced_chain_seconds(d64, records[1], *plan) for plan in plans}
-    assert estimates[4, 4] <= min(estimates.values()) * (1 + engine.SLICED_PLAN_SLACK)
+    assert estimates[2, 8] == min(estimates.values())
+    partials = (4 * 2048 * 2 * 128 * (4 * 2 * 2 + 2)) / engine.SLICED_PASS_BYTES  # what the clusters save
+    assert estimates[4, 4] <= (estimates[2, 8] + partials) * (1 + engine.SLICED_PLAN_SLACK)
     assert estimates[2, 8] < estimates[2, 4] and estimates[4, 4] < estimates[4, 2]  # the slices' shared streams
     # MHA: a head's key blocks in two CTAs, not one walking all eight (the streaming term; H100,
     # benchmarks/NOTES.md twenty-first session: 1.073 of the default against 1.167)
@@ -462,6 +467,43 @@ def test_split_plan_reports_the_partials_in_its_workspace():
     assert isinstance(split.params[3], BwdCombineParams) and len(whole.params) == 3  # the partials' combine
     partials = 2 * 4 * (2 * 300 * 1 * 64) * 4
     assert split.workspace_bytes - whole.workspace_bytes >= partials
+
+
+@pytest.mark.L0
+def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(monkeypatch):
+    """On SM90 (a CPU problem's plan) a group split in 2 sums dK and dV in clusters of its 2 CTAs
+    (``split_cluster``): the chain has no bwd_combine and the workspace no partials; 4 splits keep
+    the partials unless clusters are forced; ``cluster_sum=False`` keeps them at 2 too; an SM80
+    device never gets clusters. The record needs sm_90 and names its rules when invalid."""
+    from frost.engines import sm80 as engine
+    from frost.kernels.sm80.compile import min_arch
+
+    q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 2, 64, dtype=torch.bfloat16)
+    problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True)
+
+    def plan(**choice):
+        compiled = Sm80Backward(**choice).compile(problem)
+        return compiled.params, set(compiled._workspace.words)
+
+    (_, main, _), parts = plan(split=2)
+    assert main.split_group and main.split_cluster == 2 and min_arch(main) == "sm_90"
+    assert not {"dk_partial", "dv_partial"} & parts
+    for choice, cluster in ((dict(split=4), 0), (dict(split=2, cluster_sum=False), 0),
+                            (dict(split=4, cluster_sum=True), 4)):
+        params, parts = plan(**choice)
+        assert params[1].split_cluster == cluster and (len(params) == 3) == bool(cluster), choice
+        assert ({"dk_partial", "dv_partial"} <= parts) == (not cluster), choice
+    monkeypatch.setattr(engine, "_compute_capability", lambda device: (8, 0))
+    monkeypatch.setattr(engine, "_sm_count", lambda device: 108)
+    monkeypatch.setattr(engine, "_smem_optin", lambda device: 163 * 1024)
+    a100 = dataclasses.replace(problem, device="cuda:0")
+    for choice in (dict(split=2), dict(split=2, cluster_sum=True)):
+        assert Sm80Backward(**choice)._chain(a100)[0][1].split_cluster == 0
+    for bad, match in ((dict(split_group=False), "split_cluster"), (dict(split_cluster=3), "split_cluster"),
+                       (dict(dq_ordered=True, dq_walk="diagonal", deterministic=True), "diagonal")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(main, **bad).validate()
 
 
 @pytest.mark.L0
