@@ -34,7 +34,8 @@ RoPE (``space()``), plus, for every constraint a property puts on its problems
 and gives ``ROPE_SHARE`` of them RoPE at one of their head dims (the cpu regime draws
 RoPE for a quarter of its problems). ``records(classes)`` are every params record a run
 on that pool can compile: each class's own records for the forward, the backward and
-the deterministic backward, both GQA splits and both bias reductions, plus those of
+the deterministic backward, the GQA splits (none, the whole group's, and 2, summed in
+clusters on SM90) and both bias reductions, plus those of
 the problems the identities rewrite it into (a packed problem's per-sequence and padded
 spellings, with its window sides or alignment lost where a sequence is too short to
 bound them; GQA spelled as MHA; a float32 bias carrying a row shift, or a sink and the
@@ -241,9 +242,18 @@ def records(classes: Iterable[RecordClass]) -> list:
             shapes = itertools.product(_GRIDS, _BIAS_SHAPES if variant.bias else (_BIAS_SHAPES[0],))
             for (direction, deterministic), (batch, (broadcast, odd_keys)) in itertools.product(modes, shapes):
                 problem = representative(variant, direction, deterministic, batch, broadcast, odd_keys)
-                for engine in dispatch.engines(direction):
+                for engine in (*dispatch.engines(direction), *_two_way_splits(direction, variant)):
                     found.update(dict.fromkeys(engine.records(problem)))
     return list(found)
+
+
+def _two_way_splits(direction: str, cls: RecordClass) -> tuple:
+    """The backward forced to split a group in 2, whose CTAs sum dK and dV in clusters on SM90
+    (engines/sm80.CLUSTER_SUM_SPLITS) rather than through partials: a drawn grid may take 2
+    splits, where the representative grids take the whole group's or none."""
+    from frost.engines.sm80 import Sm80Backward
+
+    return (Sm80Backward(split=2),) if direction == "backward" and cls.grouped else ()
 
 
 def closure(cls: RecordClass) -> list[tuple[RecordClass, tuple]]:
