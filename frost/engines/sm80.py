@@ -202,7 +202,7 @@ class Sm80Backward(Engine):
       keeps 64 rows and one split at a time;
     - on SM90, a group split in 2 sums dK and dV in clusters of its CTAs instead
       (``cluster_sums``, ``BwdParams.split_cluster``: no partials, no combine); ``cluster_sum``
-      True forces clusters for any split that is a cluster size, False keeps the partials.
+      False keeps the partials.
     """
 
     name = "sdpa_bwd_sm80"
@@ -387,28 +387,22 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         bias_staged = main.bias_dtype == "float32"
     if bias_staged and dataclasses.replace(main, bias_staged=True).smem_bytes() <= _problem_smem(problem):
         main = dataclasses.replace(main, bias_staged=True)
-    clustered = dataclasses.replace(main, split_cluster=split)
-    if (cluster_sums(problem, split, cluster_sum) and main.dq_walk != "diagonal" and main.tile_n % split == 0
-            and clustered.cluster_stash_bytes() <= clustered.smem_bytes()):
-        main = clustered
+    if cluster_sums(problem, split, cluster_sum) and main.dq_walk != "diagonal" and main.tile_n % split == 0:
+        clustered = dataclasses.replace(main, split_cluster=split)
+        if clustered.cluster_stash_bytes() <= clustered.smem_bytes():
+            main = clustered
     return main.validate(), split
 
 
-# A split group's dK and dV summed by the clusters of its CTAs (BwdParams.split_cluster) rather
-# than through fp32 partials and bwd_combine: by default on SM90 for 2 splits only. Measured
-# (H100, benchmarks/NOTES.md, twenty-fifth session): with 2 splits the main kernel took about
-# what the combine saved and the chain one launch less; 4- and 8-CTA clusters, one CTA per SM,
-# did not all fit on the device at once and their main kernels took twice as long.
-CLUSTER_SUM_SPLITS = (2,)
-
-
 def cluster_sums(problem: Problem, split: int, forced: bool | None = None) -> bool:
-    """Whether ``split`` parts of a GQA group sum dK and dV in clusters: as ``forced``, else for
-    CLUSTER_SUM_SPLITS; only on SM90 (clusters) and for a count that is a cluster size."""
+    """Whether ``split`` parts of a GQA group sum dK and dV in clusters of their CTAs rather than
+    through fp32 partials and bwd_combine: by default (``forced`` None) and when forced, for a
+    split that is a cluster size (config.SPLIT_CLUSTERS: 2), on SM90 only. Measured (H100,
+    benchmarks/NOTES.md, twenty-fifth session): with 2 splits the main kernel took about what the
+    combine saved, and the chain is one launch shorter."""
     from frost.kernels.sm80.config import SPLIT_CLUSTERS
 
-    wanted = forced if forced is not None else split in CLUSTER_SUM_SPLITS
-    return bool(wanted) and split in SPLIT_CLUSTERS[1:] and _problem_sm90(problem)
+    return forced is not False and split in SPLIT_CLUSTERS[1:] and _problem_sm90(problem)
 
 
 def default_dq_reduce_width(problem: Problem) -> int:

@@ -249,7 +249,7 @@ def records(classes: Iterable[RecordClass]) -> list:
 
 def _two_way_splits(direction: str, cls: RecordClass) -> tuple:
     """The backward forced to split a group in 2, whose CTAs sum dK and dV in clusters on SM90
-    (engines/sm80.CLUSTER_SUM_SPLITS) rather than through partials: a drawn grid may take 2
+    (engines/sm80.cluster_sums) rather than through partials: a drawn grid may take 2
     splits, where the representative grids take the whole group's or none."""
     from frost.engines.sm80 import Sm80Backward
 

@@ -227,7 +227,10 @@ class BwdPreParams(_Tiles):
 
 DQ_REDUCE_WIDTHS = (1, 2, 4)  # floats per dQ reduction; 2 and 4 (red.global.add.v2/v4.f32) need SM90
 DQ_WALKS = ("shared", "rotated", "diagonal")  # the ordered dQ's walks (sm80/order.py)
-SPLIT_CLUSTERS = (0, 2, 4, 8)  # BwdParams.split_cluster: none, or a portable cluster size
+# BwdParams.split_cluster: none, or clusters of 2 CTAs. 4 and 8 (portable sizes too) were measured
+# and dropped: at one CTA per SM their main kernels took twice as long (H100, benchmarks/NOTES.md,
+# twenty-fifth session)
+SPLIT_CLUSTERS = (0, 2)
 # fp32 elements past each row of the cluster sum's stash: a row of 8 (mod 32) words puts the 4
 # rows of a half warp's fragment stores on distinct banks
 CLUSTER_STASH_PAD = 8

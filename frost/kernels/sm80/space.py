@@ -78,12 +78,8 @@ SLICED_WALKS = ("sliced", "sliced_zeroed", "sliced_reverse")
 
 
 # a GQA group unsplit (None), split with fp32 partials and bwd_combine (0), or split and summed by
-# clusters of 2 CTAs (BwdParams.split_cluster, SM90: engines/sm80.cluster_sums' default); the
-# other cluster sizes (forced) change a loop count and the rows per CTA only, so they join
-# without a bias (CLUSTER_SIZES_UNBIASED): the space stays under twice its size without clusters,
-# which the L0 compile suites' cover walks
-SPLITS = (None, 0, 2)
-CLUSTER_SIZES_UNBIASED = tuple(size for size in SPLIT_CLUSTERS[1:] if size != 2)
+# clusters (BwdParams.split_cluster, SM90: engines/sm80.cluster_sums)
+SPLITS = (None, 0, *SPLIT_CLUSTERS[1:])
 
 
 def admitted_bwd_params() -> list:
@@ -106,7 +102,6 @@ def admitted_bwd_params() -> list:
         itertools.product(("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(),
                           (False, True), (False, True), modes, SPLITS, biases)
     ):
-        splits = (split, *CLUSTER_SIZES_UNBIASED) if split == 2 and bias[0] is None else (split,)
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
@@ -124,10 +119,10 @@ def admitted_bwd_params() -> list:
             orders = (walk == "shared",) if walk is not None else (
                 (False, True) if main.has_window_right and not bias_way["batch_inner"] and not main.dq_slices
                 else (False,))
-            for heavy_first, cluster in itertools.product(orders, splits):
+            for heavy_first in orders:
                 record = dataclasses.replace(main, split_group=split is not None, heavy_first=heavy_first,
-                                             dq_walk=walk, dq_warp_turns=turns, split_cluster=cluster or 0, **bias_way)
-                if cluster and (walk == "diagonal" or record.cluster_stash_bytes() > record.smem_bytes()):
+                                             dq_walk=walk, dq_warp_turns=turns, split_cluster=split or 0, **bias_way)
+                if split and (walk == "diagonal" or record.cluster_stash_bytes() > record.smem_bytes()):
                     continue  # backward_choices sums those splits through partials
                 seen[record.validate()] = None
         seen[BwdPreParams.of(main, sinks)] = None

@@ -473,7 +473,7 @@ def test_split_plan_reports_the_partials_in_its_workspace():
 def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(monkeypatch):
     """On SM90 (a CPU problem's plan) a group split in 2 sums dK and dV in clusters of its 2 CTAs
     (``split_cluster``): the chain has no bwd_combine and the workspace no partials; 4 splits keep
-    the partials unless clusters are forced; ``cluster_sum=False`` keeps them at 2 too; an SM80
+    the partials even when clusters are asked for; ``cluster_sum=False`` keeps them at 2 too; an SM80
     device never gets clusters. The record needs sm_90 and names its rules when invalid."""
     from frost.engines import sm80 as engine
     from frost.kernels.sm80.compile import min_arch
@@ -490,7 +490,7 @@ def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(monkeypa
     assert main.split_group and main.split_cluster == 2 and min_arch(main) == "sm_90"
     assert not {"dk_partial", "dv_partial"} & parts
     for choice, cluster in ((dict(split=4), 0), (dict(split=2, cluster_sum=False), 0),
-                            (dict(split=4, cluster_sum=True), 4)):
+                            (dict(split=4, cluster_sum=True), 0)):
         params, parts = plan(**choice)
         assert params[1].split_cluster == cluster and (len(params) == 3) == bool(cluster), choice
         assert ({"dk_partial", "dv_partial"} <= parts) == (not cluster), choice
@@ -500,7 +500,7 @@ def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(monkeypa
     a100 = dataclasses.replace(problem, device="cuda:0")
     for choice in (dict(split=2), dict(split=2, cluster_sum=True)):
         assert Sm80Backward(**choice)._chain(a100)[0][1].split_cluster == 0
-    for bad, match in ((dict(split_group=False), "split_cluster"), (dict(split_cluster=3), "split_cluster"),
+    for bad, match in ((dict(split_group=False), "split_cluster"), (dict(split_cluster=4), "split_cluster"),
                        (dict(dq_ordered=True, dq_walk="diagonal", deterministic=True), "diagonal")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(main, **bad).validate()

@@ -167,21 +167,19 @@ def test_bwd_sm80_fast_combine_matches_oracle_and_one_split_at_a_time_bit_for_bi
 @pytest.mark.parametrize("name", list(SPLIT_CASES))
 def test_bwd_sm80_cluster_sum_matches_oracle_and_the_combine_bit_for_bit(name, deterministic, monkeypatch):
     """SM90: a split group's dK and dV summed by the clusters of its CTAs (``split_cluster``: no
-    partials, no bwd_combine), 4 splits where the group's heads divide by 4, else 2: judged
+    partials, no bwd_combine; clusters of 2, config.SPLIT_CLUSTERS), 2 splits: judged
     against the oracle (poisoned, guarded outputs), and dq, dk, dv bit for bit those of the
     partials and bwd_combine (the same adds in the same order)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("clusters need an SM90 device")
     fields = SPLIT_CASES[name]
-    group = fields["heads_q"] // fields["heads_kv"]
-    splits = 4 if group % 4 == 0 else 2
-    monkeypatch.setattr(_engine(), "split", splits)
+    monkeypatch.setattr(_engine(), "split", 2)
     monkeypatch.setattr(_engine(), "cluster_sum", True)
     dims = (64, 64) if deterministic else (128, 128)
     case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, head_dim_qk=dims[0], head_dim_v=dims[1],
                                deterministic=deterministic, **fields)
     _assert_sm80(case)
-    assert any(p.split_cluster == splits and p.deterministic == deterministic
+    assert any(p.split_cluster == 2 and p.deterministic == deterministic
                for p in _bwd_records(BwdParams)), "no cluster record was compiled"
     inputs = make_inputs(case)
     o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
