@@ -91,6 +91,23 @@ def selects_only_gpu_tests(markexpr: str) -> bool:
     return with_gpu and not without_gpu
 
 
+def can_select(config, marks: set[str]) -> bool:
+    """Whether the run's ``-m`` expression can select a test that carries ``marks`` (no expression:
+    every test). The compile suites list their records only for a run that can select them
+    (``pytest_generate_tests``): a few hundred thousand parameters, which a run that deselects them
+    would otherwise spend minutes listing."""
+    markexpr = config.getoption("markexpr", "")
+    if not markexpr:
+        return True
+    from _pytest.mark.expression import Expression
+
+    try:
+        expression = Expression.compile(markexpr)
+    except Exception:  # pytest reports a malformed expression itself
+        return True
+    return expression.evaluate(lambda name, **kwargs: name in marks)
+
+
 def pytest_collection_modifyitems(config, items):
     unmarked = []
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

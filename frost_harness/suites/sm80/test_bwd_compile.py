@@ -17,11 +17,9 @@ from frost.kernels.sm80.config import (  # noqa: E402
     BwdCombineParams, BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams,
 )
 from frost.problem import Problem  # noqa: E402
-from frost_harness.suites.sm80.params_space import admitted_bwd_params, covering_subset  # noqa: E402
+from frost_harness.suites.sm80.params_space import RecordSweep, admitted_bwd_params, parametrize_sweeps  # noqa: E402
 
-ALL = admitted_bwd_params()
-SUBSET = covering_subset(ALL)
-SUBSET_SET = set(SUBSET)
+SWEEP = RecordSweep(admitted_bwd_params)
 COMPILE = {BwdPreParams: sm80_compile.compile_bwd_pre, BwdParams: sm80_compile.compile_bwd,
            BwdDqParams: sm80_compile.compile_bwd_dq, BwdConvertParams: sm80_compile.compile_bwd_convert,
            BwdCombineParams: sm80_compile.compile_record}  # fmt: skip
@@ -34,23 +32,26 @@ def _id(p) -> str:
 pytestmark = pytest.mark.usefixtures("cpu_target")
 
 
+def pytest_generate_tests(metafunc):
+    parametrize_sweeps(metafunc, {"test_bwd_chain_compiles_covering_subset": lambda: SWEEP.l0,
+                                  "test_bwd_chain_compiles_every_admitted_combination": SWEEP.rest}, _id)
+
+
 @pytest.mark.L0
-@pytest.mark.parametrize("params", SUBSET, ids=_id)
 def test_bwd_chain_compiles_covering_subset(params):
     assert COMPILE[type(params)](params) is not None
 
 
 @pytest.mark.L1
-@pytest.mark.parametrize("params", [p for p in ALL if p not in SUBSET_SET], ids=_id)
 def test_bwd_chain_compiles_every_admitted_combination(params):
     assert COMPILE[type(params)](params) is not None
 
 
 @pytest.mark.L0
 def test_admitted_chain_covers_every_kernel_and_mode():
-    kinds = {type(p) for p in ALL}
+    kinds = {type(p) for p in SWEEP.every}
     assert kinds == {BwdPreParams, BwdParams, BwdDqParams, BwdConvertParams, BwdCombineParams}
-    mains = [p for p in ALL if isinstance(p, BwdParams)]
+    mains = [p for p in SWEEP.every if isinstance(p, BwdParams)]
     assert {p.deterministic for p in mains} == {False, True}
     assert {p.dq_reduce_width for p in mains} == {1, 4}
     assert {p.split_group for p in mains} == {False, True}
@@ -62,9 +63,9 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     assert {p.dq_slice_reverse for p in mains if p.dq_slices} == {False, True}
     assert not any(p.dq_slice_reverse for p in mains if not p.dq_slices)
     for kind in (BwdPreParams, BwdConvertParams):  # they zero and sum the slices
-        assert {p.dq_slices for p in ALL if isinstance(p, kind)} == {False, True}
+        assert {p.dq_slices for p in SWEEP.every if isinstance(p, kind)} == {False, True}
     # slices written whole: the convert skips the chunks the main left unwritten, by its mask
-    converts = [p for p in ALL if isinstance(p, BwdConvertParams) and p.dq_slices]
+    converts = [p for p in SWEEP.every if isinstance(p, BwdConvertParams) and p.dq_slices]
     assert {(p.dq_slice_stores, p.has_window_right) for p in converts} >= {(False, False), (True, False), (True, True)}
     # a bias in each dtype; dbias stored in it, as fp32 partials, or reduced into fp32
     assert {(p.bias_dtype == p.dtype, p.dbias_dtype, p.dbias_reduce) for p in mains if p.bias_dtype} == {
@@ -74,13 +75,13 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     assert {(p.bias_staged, p.batch_inner, p.dbias_reduce_width) for p in mains if p.dbias_reduce} == {
         (s, b, w) for s in (False, True) for b in (False, True) for w in (1, 2)}
     assert not any(p.bias_staged and p.bias_dtype != "float32" for p in mains)
-    assert {p.bias_dtype for p in ALL if isinstance(p, BwdDqParams)} == {None, "float32", "float16", "bfloat16"}
-    assert all(p.validate() is p for p in ALL)
+    assert {p.bias_dtype for p in SWEEP.every if isinstance(p, BwdDqParams)} == {None, "float32", "float16", "bfloat16"}
+    assert all(p.validate() is p for p in SWEEP.every)
     # every new field of every record is compiled in L0 with each of its values
     for kind in kinds:
         for field in dataclasses.fields(kind):
-            values = {getattr(p, field.name) for p in ALL if isinstance(p, kind)}
-            assert values == {getattr(p, field.name) for p in SUBSET if isinstance(p, kind)}, (kind, field.name)
+            values = {getattr(p, field.name) for p in SWEEP.every if isinstance(p, kind)}
+            assert values == {getattr(p, field.name) for p in SWEEP.l0 if isinstance(p, kind)}, (kind, field.name)
 
 
 def _packed_problem(lengths, head_dim=64, deterministic=False, sinks=False):
@@ -130,7 +131,7 @@ def test_wide_dq_reductions_compile_for_sm90_and_refuse_the_recompute_mode():
     """dq_reduce_width 4 (red.global.add.v4.f32) compiles for sm_90 whatever CUTE_DSL_ARCH says
     (the record raises its own target); deterministic mode reduces dQ only in order (dq_ordered),
     with the recompute pass there are no reductions."""
-    default = next(p for p in SUBSET if isinstance(p, BwdParams) and not p.deterministic)
+    default = next(p for p in SWEEP.l0 if isinstance(p, BwdParams) and not p.deterministic)
     wide = dataclasses.replace(default, dq_reduce_width=4)
     assert wide.target_arch == "sm_90" and default.target_arch == "sm_80"
     assert sm80_compile.compile_bwd(wide) is not None
@@ -548,7 +549,7 @@ def test_workspace_carves_disjoint_typed_views_at_the_buffer_offset():
     (dict(batch_inner=True, heavy_first=True), "batch_inner"),
 ])
 def test_invalid_bias_fields_name_the_rule(change, rule):
-    main = next(p for p in SUBSET if isinstance(p, BwdParams) and p.dtype == "bfloat16" and not p.dq_ordered)
+    main = next(p for p in SWEEP.l0 if isinstance(p, BwdParams) and p.dtype == "bfloat16" and not p.dq_ordered)
     plain = dataclasses.replace(main, bias_dtype=None, dbias_dtype=None, dbias_reduce=False, dbias_reduce_width=1,
                                 bias_staged=False, batch_inner=False, heavy_first=False).validate()
     with pytest.raises(ValueError, match=rule):

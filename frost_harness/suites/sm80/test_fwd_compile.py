@@ -14,11 +14,9 @@ from frost.engines.sm80 import Sm80Forward  # noqa: E402
 from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
 from frost.kernels.sm80.config import FLAVORS, FwdParams  # noqa: E402
 from frost.problem import Problem  # noqa: E402
-from frost_harness.suites.sm80.params_space import admitted_fwd_params, covering_subset  # noqa: E402
+from frost_harness.suites.sm80.params_space import RecordSweep, admitted_fwd_params, parametrize_sweeps  # noqa: E402
 
-ALL = admitted_fwd_params()
-SUBSET = covering_subset(ALL)
-SUBSET_IDS = set(SUBSET)
+SWEEP = RecordSweep(admitted_fwd_params)
 
 
 def _id(p: FwdParams) -> str:
@@ -28,14 +26,17 @@ def _id(p: FwdParams) -> str:
 pytestmark = pytest.mark.usefixtures("cpu_target")
 
 
+def pytest_generate_tests(metafunc):
+    parametrize_sweeps(metafunc, {"test_fwd_compiles_covering_subset": lambda: SWEEP.l0,
+                                  "test_fwd_compiles_every_admitted_combination": SWEEP.rest}, _id)
+
+
 @pytest.mark.L0
-@pytest.mark.parametrize("params", SUBSET, ids=_id)
 def test_fwd_compiles_covering_subset(params):
     assert sm80_compile.compile_fwd(params) is not None
 
 
 @pytest.mark.L1
-@pytest.mark.parametrize("params", [p for p in ALL if p not in SUBSET_IDS], ids=_id)
 def test_fwd_compiles_every_admitted_combination(params):
     assert sm80_compile.compile_fwd(params) is not None
 
@@ -43,13 +44,13 @@ def test_fwd_compiles_every_admitted_combination(params):
 @pytest.mark.L0
 def test_admitted_space_is_what_the_row_promises():
     # every flavor, both layouts and padding, every mask flag, sinks; nothing invalid
-    assert {p.flavor for p in ALL} == set(FLAVORS)
-    assert {(p.layout, p.has_seqlens) for p in ALL} == {("bshd", False), ("bshd", True), ("thd", False)}
-    assert {p.bias_dtype for p in ALL} == {None, "float32", "float16", "bfloat16"}
-    assert all(p.bias_dtype in (None, "float32", p.dtype) for p in ALL)
-    assert all(p.validate() is p for p in ALL)
+    assert {p.flavor for p in SWEEP.every} == set(FLAVORS)
+    assert {(p.layout, p.has_seqlens) for p in SWEEP.every} == {("bshd", False), ("bshd", True), ("thd", False)}
+    assert {p.bias_dtype for p in SWEEP.every} == {None, "float32", "float16", "bfloat16"}
+    assert all(p.bias_dtype in (None, "float32", p.dtype) for p in SWEEP.every)
+    assert all(p.validate() is p for p in SWEEP.every)
     # the bias (three values: none, float32, io dtype) raised the pairwise cover from 15 to 24
-    assert len(ALL) > 100 and len(SUBSET) < 30
+    assert len(SWEEP.every) > 100 and len(SWEEP.l0) < 30
 
 
 @pytest.mark.L0
@@ -67,7 +68,7 @@ def test_admitted_space_is_what_the_row_promises():
 )
 def test_invalid_params_name_the_rule(change, rule):
     with pytest.raises(ValueError, match=rule):
-        dataclasses.replace(SUBSET[0], **change).validate()
+        dataclasses.replace(SWEEP.l0[0], **change).validate()
 
 
 def _packed_problem(lengths, dtype=torch.bfloat16, head_dim=64):
@@ -131,4 +132,4 @@ def test_d64_forward_launches_heavy_first_only_with_few_heads():
     assert not params_of(8).heavy_first and not params_of(8, window=(8, -1)).heavy_first
     assert not params_of(8, causal=True, bias=torch.randn(8, 8, 64, 64)).heavy_first
     assert params_of(9, causal=True, head_dim=128).heavy_first and not params_of(9, head_dim=128).heavy_first
-    assert all(p in set(ALL) for p in (params_of(8, causal=True), params_of(9, causal=True)))
+    assert all(p in set(SWEEP.every) for p in (params_of(8, causal=True), params_of(9, causal=True)))

@@ -24,11 +24,9 @@ from frost.kernels.sm80 import compile as sm80_compile
 from frost.kernels.sm80 import space
 from frost.kernels.sm80.rope_params import RopeParams
 from frost.problem import Problem
-from frost_harness.suites.sm80.params_space import covering_subset
+from frost_harness.suites.sm80.params_space import RecordSweep, parametrize_sweeps
 
-ALL = space.admitted_rope_params()
-SUBSET = covering_subset(space.admitted_rope_params(space.ROPE_L0_HEAD_DIMS))
-SUBSET_SET = set(SUBSET)
+SWEEP = RecordSweep(space.admitted_rope_params, lambda: space.admitted_rope_params(space.ROPE_L0_HEAD_DIMS))
 
 
 def _id(p: RopeParams) -> str:
@@ -38,28 +36,31 @@ def _id(p: RopeParams) -> str:
 pytestmark = pytest.mark.usefixtures("cpu_target")
 
 
+def pytest_generate_tests(metafunc):
+    parametrize_sweeps(metafunc, {"test_rope_pass_compiles_covering_subset": lambda: SWEEP.l0,
+                                  "test_rope_pass_compiles_every_admitted_record": SWEEP.rest}, _id)
+
+
 @pytest.mark.L0
-@pytest.mark.parametrize("params", SUBSET, ids=_id)
 def test_rope_pass_compiles_covering_subset(params):
     assert sm80_compile.compile_record(params) is not None
 
 
 @pytest.mark.L1
-@pytest.mark.parametrize("params", [p for p in ALL if p not in SUBSET_SET], ids=_id)
 def test_rope_pass_compiles_every_admitted_record(params):
     assert sm80_compile.compile_record(params) is not None
 
 
 @pytest.mark.L0
 def test_admitted_rope_records_cover_what_the_row_promises():
-    assert {p.head_dim for p in ALL} == set(range(8, 257, 8))
-    assert {(p.dtype, p.layout, p.inverse) for p in ALL} == {
+    assert {p.head_dim for p in SWEEP.every} == set(range(8, 257, 8))
+    assert {(p.dtype, p.layout, p.inverse) for p in SWEEP.every} == {
         (d, layout, inverse) for d in ("float16", "bfloat16") for layout in ("bshd", "thd") for inverse in (False, True)
     }
-    assert all(p.validate() is p for p in ALL)
+    assert all(p.validate() is p for p in SWEEP.every)
     # both access widths and both directions in L0, and the records frost-compile builds hold them
-    assert {p.vector for p in SUBSET} == {4, 8} and {p.inverse for p in SUBSET} == {False, True}
-    assert SUBSET_SET <= set(space.l0_records()) and set(ALL) <= set(space.all_records())
+    assert {p.vector for p in SWEEP.l0} == {4, 8} and {p.inverse for p in SWEEP.l0} == {False, True}
+    assert set(SWEEP.l0) <= set(space.l0_records()) and set(SWEEP.every) <= set(space.all_records())
 
 
 @pytest.mark.L0
