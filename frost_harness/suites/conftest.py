@@ -71,23 +71,31 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def selects_only_gpu_tests(markexpr: str) -> bool:
-    """Whether a ``-m`` expression can select a test only if it is marked ``gpu``."""
+def _mark_expression(markexpr: str):
+    """``-m``'s expression, compiled; None when there is none or it is malformed (pytest reports a
+    malformed one itself)."""
     if not markexpr:
-        return False
+        return None
     from _pytest.mark.expression import Expression
 
     try:
-        expression = Expression.compile(markexpr)
-    except Exception:  # pytest reports a malformed expression itself
+        return Expression.compile(markexpr)
+    except Exception:
+        return None
+
+
+def _selects(expression, marks) -> bool:
+    return expression.evaluate(lambda name, **kwargs: name in marks)
+
+
+def selects_only_gpu_tests(markexpr: str) -> bool:
+    """Whether a ``-m`` expression can select a test only if it is marked ``gpu``."""
+    expression = _mark_expression(markexpr)
+    if expression is None:
         return False
-
-    def selects(*marks):
-        return expression.evaluate(lambda name, **kwargs: name in marks)
-
     kinds = ((), ("fuzz",))
-    without_gpu = any(selects(level, *kind) for level in LEVELS for kind in kinds)
-    with_gpu = any(selects(level, "gpu", *kind) for level in LEVELS for kind in kinds)
+    without_gpu = any(_selects(expression, (level, *kind)) for level in LEVELS for kind in kinds)
+    with_gpu = any(_selects(expression, (level, "gpu", *kind)) for level in LEVELS for kind in kinds)
     return with_gpu and not without_gpu
 
 
@@ -96,16 +104,8 @@ def can_select(config, marks: set[str]) -> bool:
     every test). The compile suites list their records only for a run that can select them
     (``pytest_generate_tests``): a few hundred thousand parameters, which a run that deselects them
     would otherwise spend minutes listing."""
-    markexpr = config.getoption("markexpr", "")
-    if not markexpr:
-        return True
-    from _pytest.mark.expression import Expression
-
-    try:
-        expression = Expression.compile(markexpr)
-    except Exception:  # pytest reports a malformed expression itself
-        return True
-    return expression.evaluate(lambda name, **kwargs: name in marks)
+    expression = _mark_expression(config.getoption("markexpr", ""))
+    return expression is None or _selects(expression, marks)
 
 
 def pytest_collection_modifyitems(config, items):
