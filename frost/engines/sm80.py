@@ -387,22 +387,22 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         bias_staged = main.bias_dtype == "float32"
     if bias_staged and dataclasses.replace(main, bias_staged=True).smem_bytes() <= _problem_smem(problem):
         main = dataclasses.replace(main, bias_staged=True)
-    if cluster_sums(problem, split, cluster_sum) and main.dq_walk != "diagonal" and main.tile_n % split == 0:
-        clustered = dataclasses.replace(main, split_cluster=split)
-        if clustered.cluster_stash_bytes() <= clustered.smem_bytes():
-            main = clustered
+    if cluster_sums(problem, main, split, cluster_sum):
+        main = dataclasses.replace(main, split_cluster=split)
     return main.validate(), split
 
 
-def cluster_sums(problem: Problem, split: int, forced: bool | None = None) -> bool:
+def cluster_sums(problem: Problem, main, split: int, forced: bool | None = None) -> bool:
     """Whether ``split`` parts of a GQA group sum dK and dV in clusters of their CTAs rather than
     through fp32 partials and bwd_combine: by default (``forced`` None) and when forced, for a
-    split that is a cluster size (config.SPLIT_CLUSTERS: 2), on SM90 only. Measured (H100,
+    split that is a cluster size (config.SPLIT_CLUSTERS: 2) where ``main`` allows it
+    (``BwdParams.cluster_fits``), on SM90 only. Measured (H100,
     benchmarks/NOTES.md, twenty-fifth session): with 2 splits the main kernel took about what the
     combine saved, and the chain is one launch shorter."""
     from frost.kernels.sm80.config import SPLIT_CLUSTERS
 
-    return forced is not False and split in SPLIT_CLUSTERS[1:] and _problem_sm90(problem)
+    return (forced is not False and split in SPLIT_CLUSTERS[1:] and main.cluster_fits(split)
+            and _problem_sm90(problem))
 
 
 def default_dq_reduce_width(problem: Problem) -> int:
@@ -548,7 +548,7 @@ def sliced_chain_seconds(problem: Problem, main, splits: int, slices: int, strea
     streamed = key_blocks * rows_q * problem.heads_q * (dqk + dv) * 2 * visible / slices
     main_seconds += streamed / SLICED_STREAM_BYTES if streaming else 0.0
     partials = rows_k * problem.heads_kv * (dqk + dv) * (4 * splits * 2 + 2) if splits > 1 else 0
-    if cluster_sums(problem, splits):  # no partials: the main kernel writes dk and dv
+    if cluster_sums(problem, main, splits):  # no partials: the main kernel writes dk and dv
         partials = 0
     if main.dq_slice_stores:
         sliced_rows = sum(problem.seqlen_q - _first_row_seeing(problem, s * main.tile_n) // main.tile_m * main.tile_m

@@ -343,6 +343,13 @@ class BwdParams(_Tiles):
         kernel's tiles again, from the first (sK), which no pass reads by then."""
         return 4 * self.tile_n * (self.tile_hdim_qk + self.tile_hdim_v + CLUSTER_STASH_PAD)
 
+    def cluster_fits(self, size: int) -> bool:
+        """Whether a split group's CTAs of a key block can sum dK and dV as a cluster of ``size``
+        (``split_cluster``): the grid's own head order (not the diagonal walk's), whole rows per
+        CTA, and the fp32 stash within the kernel's shared tiles."""
+        fits = self.cluster_stash_bytes() <= self.smem_bytes()
+        return self.dq_walk != "diagonal" and self.tile_n % size == 0 and fits
+
     def smem_bytes(self) -> int:
         widths = self.tile_hdim_qk + self.tile_hdim_v
         k_v = self.tile_n * widths
@@ -413,10 +420,9 @@ class BwdParams(_Tiles):
             bad("batch_inner is a launch order of its own: not with heavy_first or an ordered dQ walk")
         if self.split_cluster not in SPLIT_CLUSTERS or (self.split_cluster and not self.split_group):
             bad(f"split_cluster is one of {SPLIT_CLUSTERS[1:]} with split_group, 0 without")
-        if self.split_cluster and (self.dq_walk == "diagonal" or self.tile_n % self.split_cluster):
-            bad("split_cluster needs the grid's own head order (not the diagonal walk's) and tile_n rows per CTA")
-        if self.split_cluster and self.cluster_stash_bytes() > self.smem_bytes():
-            bad("split_cluster's fp32 dK / dV stash must fit in the kernel's shared tiles")
+        if self.split_cluster and not self.cluster_fits(self.split_cluster):
+            bad("split_cluster needs the grid's own head order (not the diagonal walk's), tile_n rows per CTA "
+                "and its fp32 dK / dV stash within the shared tiles")
         return self
 
     @property

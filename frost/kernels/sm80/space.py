@@ -122,7 +122,7 @@ def admitted_bwd_params() -> list:
             for heavy_first in orders:
                 record = dataclasses.replace(main, split_group=split is not None, heavy_first=heavy_first,
                                              dq_walk=walk, dq_warp_turns=turns, split_cluster=split or 0, **bias_way)
-                if split and (walk == "diagonal" or record.cluster_stash_bytes() > record.smem_bytes()):
+                if split and not record.cluster_fits(split):
                     continue  # backward_choices sums those splits through partials
                 seen[record.validate()] = None
         seen[BwdPreParams.of(main, sinks)] = None
