@@ -8,6 +8,8 @@ Public API:
   (``frost::sdpa_forward`` / ``frost::sdpa_backward``) that works under torch.compile
 - ``route(q, k, v, **keywords, direction="forward") -> Decision``: which engine would
   serve the call and why the ones ranked before it declined
+- ``device_profile(name)`` (a context manager) / ``use_device_profile(name)``: make every plan
+  for the named GPU (``frost.devices.PROFILES``), as ``FROST_DEVICE_PROFILE=name`` does
 
 The routing ledger is ``frost.dispatch.ledger``; repeated calls reuse their plan through
 ``frost.plans.cache`` (``stats()``: hits, misses). Importing frost does not import the
@@ -17,8 +19,10 @@ from frost.api import route, sdpa_backward, sdpa_forward
 from frost.dispatch import Decision
 from frost.ops import attention
 from frost import plans  # noqa: F401  (frost.plans.cache)
+from frost.devices import profile as device_profile, use as use_device_profile
 from frost.problem import Grads, Problem
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
-__all__ = ["Decision", "Grads", "Problem", "attention", "route", "sdpa_backward", "sdpa_forward"]
+__all__ = ["Decision", "Grads", "Problem", "attention", "device_profile", "route", "sdpa_backward", "sdpa_forward",
+           "use_device_profile"]
