@@ -185,11 +185,8 @@ def _run_watched(command: list[str], env: dict, out: Path, end: float) -> int:
     (``frost_harness.reports.progress.run_watched``); at the end the status line again, its test
     counts now junit.xml's, and pytest's closing summary from the log."""
     (out / "records").mkdir(parents=True, exist_ok=True)
-    log_path = out / "pytest.log"
-    status = progress.run_watched(command, log_path, lambda: status_line(out / "records", end - time.time()), env)
-    print(f"{final_status_line(out, end - time.time())}; pytest's output is in {log_path}")
-    print("\n".join(progress.closing_lines(log_path)), flush=True)
-    return status
+    return progress.run_watched(command, out / "pytest.log", lambda: status_line(out / "records", end - time.time()),
+                                final=lambda: final_status_line(out, end - time.time()), env=env)
 
 
 def _examples(folder: Path) -> int:

@@ -71,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         return f"frost-report: {progress.read(out / 'records').line()}, {progress.clock(time.time() - start)} elapsed"
 
     status = progress.run_watched(command, out / "pytest.log", status_line)
-    print(f"{status_line()}; pytest's output is in {out / 'pytest.log'}")
-    print("\n".join(progress.closing_lines(out / "pytest.log")), flush=True)
 
     title = f"level {args.level}, {started:%Y-%m-%d %H:%M}, pytest exit {status}"
     meta = {"key": args.level, "title": title, "started": started.isoformat(), "pytest_exit": status,

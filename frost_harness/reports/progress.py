@@ -13,8 +13,8 @@ replaced atomically at most once a second and at the end of the run:
 
 Runner side (``frost-report``, ``frost-fuzz``): ``run_watched`` runs pytest with its output in a
 log file and redraws a status line meanwhile (printed every ``STATUS_EVERY_S`` without a
-terminal); ``read`` gives the counts, ``Progress.line`` says them; ``closing_lines`` is pytest's
-closing summary, read back from the log.
+terminal), then prints pytest's closing summary from the log (``closing_lines``); ``read``
+gives the counts, ``Progress.line`` says them.
 """
 from __future__ import annotations
 
@@ -126,9 +126,11 @@ class _Counter:
 # the runner's side --------------------------------------------------------------------
 
 
-def run_watched(command: list[str], log_path: Path, status: Callable[[], str], env: dict | None = None) -> int:
+def run_watched(command: list[str], log_path: Path, status: Callable[[], str], *,
+                final: Callable[[], str] | None = None, env: dict | None = None) -> int:
     """Run ``command`` with its output in ``log_path`` and ``status()`` shown meanwhile: redrawn
-    in place on a terminal, else printed every ``STATUS_EVERY_S``. Returns its exit status."""
+    in place on a terminal, else printed every ``STATUS_EVERY_S``; at the end ``final()`` (default
+    ``status()``) and pytest's closing summary from the log. Returns the exit status."""
     live = sys.stdout.isatty()
     with open(log_path, "w", encoding="utf-8") as log:
         # in the current directory: never inside site-packages
@@ -143,6 +145,8 @@ def run_watched(command: list[str], log_path: Path, status: Callable[[], str], e
                 printed = now
     if live:
         print()
+    print(f"{(final or status)()}; pytest's output is in {log_path}")
+    print("\n".join(closing_lines(log_path)), flush=True)
     return process.returncode
 
 
