@@ -203,7 +203,7 @@ def forward_variants(default) -> dict:
     """``--variants all``: the forward's params with other tiles, by column name (tiles the
     record's validator refuses, e.g. for shared memory, are left out). For d64, 128x128 with 8
     warps is the spill-free form of the default 128x128 with 4 (sm_90: 205 registers, no stack,
-    against 255 and 96 B; benchmarks/NOTES.md, twenty-second session)."""
+    against 255 and 96 B; docs/DECISIONS.md, "Forward: tiles per head-dim flavor")."""
     import dataclasses
 
     found = {}
@@ -367,7 +367,7 @@ def _bias_inputs(s, d, causal):
 
 
 # how the bias reaches the scores and dbias is reduced (engines/sm80.py, backward_choices), forced,
-# by column name (``--bias --variants``): "before" is the choice of 2026-12-04's first commit (bias
+# by column name (``--bias --variants``): "before" is the bias path without those choices (bias
 # read from global memory, key blocks launched fastest or heavy-first, one float per reduction)
 BIAS_VARIANTS = {"before": dict(bias_staged=False, batch_inner=False, dbias_reduce_width=1),
                  "unstaged": dict(bias_staged=False),

@@ -11,7 +11,8 @@ around it shows. Measured, in one run, with the default engine routing:
 - ``frost.attention`` forward+backward against SDPA forward+backward with autograd;
 - the same with ``torch.autograd.set_multithreading_enabled(False)``: on CUDA autograd
   otherwise runs every backward on its own device thread, where frost's Python costs
-  about twice what it costs on the calling thread (NOTES.md, fourth session).
+  about twice what it costs on the calling thread (docs/DECISIONS.md, "Host: the backward
+  served from the forward's plan").
 
 Each figure is the median over ``--repeats`` loops of ``--calls`` calls, after a
 warm-up, divided by the calls: the per-call host time. frost's and torch's loops

@@ -135,8 +135,9 @@ def forward_heavy_first(problem: Problem, params) -> bool:
     holds two CTAs per head (sequence x query head), as the backward's
     ``heavy_first_keeps_locality``. With more heads heavy-first runs one query block of each
     head at a time and their K / V reads stop sharing L2. Measured on the H200
-    (benchmarks/NOTES.md, eleventh session): heavy-first +5.5% at B2 S8192 H32 causal (64 heads),
-    +36% at B4 S2048 Hq8/2 causal (32); -1.5% at B4 S4096 H32 (128), -10% at B16 S1024 H32 (512).
+    (docs/DECISIONS.md, "Forward: heavy-first launch with few heads"): heavy-first +5.5% at B2
+    S8192 H32 causal (64 heads), +36% at B4 S2048 Hq8/2 causal (32); -1.5% at B4 S4096 H32
+    (128), -10% at B16 S1024 H32 (512).
     The wider flavors launch heavy-first under every right-bounded mask: they lost 3-26% without
     it, at 16 to 256 heads. A bias was not measured, so it keeps the plain order."""
     from frost.kernels.sm80.space import heavy_first_on_few_heads
@@ -150,7 +151,8 @@ class Sm80Backward(Engine):
     - the dQ reduce width: 4 floats per reduction (red.global.add.v4.f32) for d64 without a
       bias on SM90, with the dQ product first in a step (``config.bwd_params_for``): +2-3% on
       the d64 benchmark shapes on the H200, where 4 floats alone or the order alone gained
-      nothing (benchmarks/NOTES.md, twelfth session); 1 float otherwise (d128: 1-4% slower with
+      nothing (docs/DECISIONS.md, "Backward: 4-float dQ reductions and the dQ product first for
+      d64"); 1 float otherwise (d128: 1-4% slower with
       4; a bias: not measured); ``dq_reduce_width`` forces a width (2 and 4 need SM90);
     - the GQA split: the query heads of a group are spread over CTAs when the unsplit grid
       would be under two waves of the device's SMs (with the sliced dQ: chosen with its slices,
@@ -173,7 +175,8 @@ class Sm80Backward(Engine):
       SM90 (``det_reduce_width`` forces a width): its releases wait for the reductions to land,
       and fewer, wider ones land sooner (deterministic cost 1-4% lower on the H200, against
       nothing gained in the default mode). For d64 the dQ product comes first in a step
-      (``dq_first``): 1.5-2.5% cheaper there, 1-3% dearer for d128 (H200, benchmarks/NOTES.md).
+      (``dq_first``): 1.5-2.5% cheaper there, 1-3% dearer for d128 (H200, docs/DECISIONS.md,
+      "Backward: 4-float dQ reductions and the dQ product first for d64").
       The sliced dQ (sm80/bwd.py, "Sliced dQ": no turns, each CTA reduces into a slice of its
       own; the GQA split and the slices of least scratch among those near the least estimated
       chain time, ``sliced_chain_seconds``, whose slices beyond the first fit
@@ -181,12 +184,12 @@ class Sm80Backward(Engine):
       default (``sliced_dq=None``) unless the caller chose another way (``ordered_dq=False``, or
       an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or filling the SMs
       would take more slices than fit (``sliced_fills_the_device``): on the H200 it cost less
-      than the ordered dQ on 17 of the 18 benchmark shapes (benchmarks/NOTES.md, sixteenth
-      session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ. Without a left window
-      its CTAs write their slices whole (``BwdParams.dq_slice_stores``: the first key block
-      stores, the chunks the walk never reaches stay unwritten and bwd_convert skips them, so
+      than the ordered dQ on 17 of the 18 benchmark shapes (docs/DECISIONS.md, "Backward: sliced
+      dQ in deterministic mode"). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ.
+      Without a left window its CTAs write their slices whole (``BwdParams.dq_slice_stores``: the
+      first key block stores, the chunks the walk never reaches stay unwritten and bwd_convert skips them, so
       bwd_pre zeroes no slice; on the H200 it cost 0.998-1.211 against 1.007-1.321 with the slices
-      zeroed, benchmarks/NOTES.md, sixteenth session); ``slice_stores=False`` keeps bwd_pre's
+      zeroed, docs/DECISIONS.md, "Sliced dQ: slices written whole"); ``slice_stores=False`` keeps bwd_pre's
       zeroing and every block's reductions. ``slice_reverse=True`` walks the odd rounds' steps in
       reverse (``BwdParams.dq_slice_reverse``: a round starts on the chunks the one before ended
       on; dQ bit for bit the same); off: on the H200 it cost more than the forward walk on 5 of 6
@@ -194,11 +197,12 @@ class Sm80Backward(Engine):
       before adding them (``config.SLICE_UNROLL``: 1-5% faster on the H100); ``convert_unroll``
       forces a count (``BwdConvertParams.slice_unroll``). Summing the slices in the main kernel
       instead (the last slice to finish a query block sums it) was measured and removed: on the
-      H200 that chain took 1.02-1.38x this one's on all 18 benchmark shapes (benchmarks/NOTES.md,
-      twenty-fourth session).
+      H200 that chain took 1.02-1.38x this one's on all 18 benchmark shapes (docs/DECISIONS.md,
+      "bwd_convert: a separate pass sums the slices").
     - the combine of a split group's dK / dV partials: 16 key rows per CTA and 4 splits' loads at
       a time (``config.COMBINE_FAST``; H200: 1.4-2x faster where its grid is small, the same
-      where it is memory-bound, benchmarks/NOTES.md, twentieth session); ``fast_combine=False``
+      where it is memory-bound, docs/DECISIONS.md, "Backward: the split group's combine, 16 key
+      rows per CTA"); ``fast_combine=False``
       keeps 64 rows and one split at a time;
     - on SM90, a group split in 2 sums dK and dV in clusters of its CTAs instead
       (``cluster_sums``, ``BwdParams.split_cluster``: no partials, no combine); ``cluster_sum``
@@ -341,7 +345,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
     SM90 where the accumulator's rows are 8-byte aligned (it is contiguous: an even Sk), else 1.
     ``bias_staged`` None: a float32 bias tile comes through shared memory (cp.async a step
     ahead) where the device has the room; read where the scores need it, it cost half the step
-    (H200, benchmarks/NOTES.md)."""
+    (H200, docs/DECISIONS.md, "Backward: float32 bias staged through shared memory")."""
     from frost.kernels.sm80.config import bwd_params_for
 
     sliced_dq = sliced_dq and problem.deterministic
@@ -397,8 +401,8 @@ def cluster_sums(problem: Problem, main, split: int, forced: bool | None = None)
     through fp32 partials and bwd_combine: by default (``forced`` None) and when forced, for a
     split that is a cluster size (config.SPLIT_CLUSTERS: 2) where ``main`` allows it
     (``BwdParams.cluster_fits``), on SM90 only. Measured (H100,
-    benchmarks/NOTES.md, twenty-fifth session): with 2 splits the main kernel took about what the
-    combine saved, and the chain is one launch shorter."""
+    docs/DECISIONS.md, "Backward: cluster sum of a 2-way split"): with 2 splits the main kernel
+    took about what the combine saved, and the chain is one launch shorter."""
     from frost.kernels.sm80.config import SPLIT_CLUSTERS
 
     return (forced is not False and split in SPLIT_CLUSTERS[1:] and main.cluster_fits(split)
@@ -424,8 +428,8 @@ def heavy_first_keeps_locality(problem: Problem, split: int, sm_count: int) -> b
     flavors' 64x64 tiles those reads go to DRAM. Key blocks fastest (the plain order) runs a
     head's key blocks together instead. So heavy-first stays where a wave holds at least two
     CTAs per head; there are then few heads, few waves, and its balance is what pays (causal
-    GQA/MQA: 1.2-1.5x, benchmarks/NOTES.md 2026-12-03 12:05). Measured on the H200
-    (benchmarks/NOTES.md, eleventh session): without heavy-first d256 / d192 / d192x128 B16
+    GQA/MQA: 1.2-1.5x). Measured on the H200 (docs/DECISIONS.md, "Backward: heavy-first launch
+    while a wave holds two CTAs per head"): without heavy-first d256 / d192 / d192x128 B16
     S1024 causal ran 1.30x / 1.34x / 1.40x faster; with it d256 B4 S4096 causal (32 heads) 1.04x
     faster."""
     return 2 * problem.batch * problem.heads_kv * split <= sm_count
@@ -436,7 +440,8 @@ def bias_batch_inner(problem: Problem, main) -> bool:
     reduced over the batch, so that the sequences adding into one tile run together and their
     reductions (and bias reads) meet in L2. Launched key blocks fastest, or heavy-first, they
     are a batch or a head's worth of CTAs apart (H200, [1, H, S, S] float32 bias: backward
-    1.05-1.3x faster, causal ones too, where it replaces heavy-first; benchmarks/NOTES.md)."""
+    1.05-1.3x faster, causal ones too, where it replaces heavy-first; docs/DECISIONS.md,
+    "Backward: sequences launched fastest for a dbias summed over the batch")."""
     return main.dbias_reduce and problem.bias.broadcast_batch and problem.batch > 1 and not main.dq_ordered
 
 
@@ -486,13 +491,13 @@ SLICED_EXTRA_SCRATCH = 1 << 30
 # rows each key block's pass streams, read once for the slices of a head (they run together), at
 # SLICED_STREAM_BYTES; and the bytes the split's fp32 partials (written by the main kernel, read
 # by bwd_combine) and the slices (read by bwd_convert) move at SLICED_PASS_BYTES. Fitted on the
-# H200's GQA shapes (benchmarks/NOTES.md, twentieth session): it picks the measured best or within
-# 1.6% of it, e.g. Hq32 / Hkv8 B2 S4096 d128 unsplit with 8 slices (3% faster than split 4 with 2
-# slices, 8% on the H100), d64 Hq8 / Hkv2 split 4 x 4. The streaming term from the H100's MHA
-# shapes (twenty-first session): with one or two slices a head's q and dO went from memory once
-# per key block; the chains of the plans it now picks cost 1.040-1.128x the default's kernel
-# time where those cost 1.075-1.184x. Among the plans within SLICED_PLAN_SLACK of the least
-# estimate, the one of least scratch.
+# H200's GQA shapes (docs/DECISIONS.md, "Sliced dQ: plan by the estimated chain time"): it picks
+# the measured best or within 1.6% of it, e.g. Hq32 / Hkv8 B2 S4096 d128 unsplit with 8 slices
+# (3% faster than split 4 with 2 slices, 8% on the H100), d64 Hq8 / Hkv2 split 4 x 4. The
+# streaming term from the H100's MHA shapes: with one or two slices a head's q and dO went from
+# memory once per key block; the chains of the plans it now picks cost 1.040-1.128x the
+# default's kernel time where those cost 1.075-1.184x. Among the plans within SLICED_PLAN_SLACK of
+# the least estimate, the one of least scratch.
 SLICED_MAIN_FLOPS = 300e12
 SLICED_PASS_BYTES = 3.3e12
 SPLIT_MAIN_COST = 0.05

@@ -228,8 +228,8 @@ class BwdPreParams(_Tiles):
 DQ_REDUCE_WIDTHS = (1, 2, 4)  # floats per dQ reduction; 2 and 4 (red.global.add.v2/v4.f32) need SM90
 DQ_WALKS = ("shared", "rotated", "diagonal")  # the ordered dQ's walks (sm80/order.py)
 # BwdParams.split_cluster: none, or clusters of 2 CTAs. 4 and 8 (portable sizes too) were measured
-# and dropped: at one CTA per SM their main kernels took twice as long (H100, benchmarks/NOTES.md,
-# twenty-fifth session)
+# and dropped: at one CTA per SM their main kernels took twice as long (H100, docs/DECISIONS.md,
+# "Backward: cluster sum of a 2-way split")
 SPLIT_CLUSTERS = (0, 2)
 # fp32 elements past each row of the cluster sum's stash: a row of 8 (mod 32) words puts the 4
 # rows of a half warp's fragment stores on distinct banks
@@ -449,7 +449,8 @@ def bwd_params_for(
 
     d64 issues the dQ product first (``dq_first``) with the ordered dQ and with 4-float
     reductions, the two ways whose reductions it pays to start early. Measured on the H200
-    (benchmarks/NOTES.md): ordered, 1.5-2.5% cheaper (d128 1-3% dearer); default mode, 4 floats
+    (docs/DECISIONS.md, "Backward: 4-float dQ reductions and the dQ product first for d64"):
+    ordered, 1.5-2.5% cheaper (d128 1-3% dearer); default mode, 4 floats
     and dQ first +2-3% on d64 (neither alone gained; d128 1-4% slower)."""
     flavor = flavor_for(head_dim_qk, head_dim_v)
     if flavor is None:
@@ -557,8 +558,8 @@ class BwdConvertParams(_Tiles):
 # BwdConvertParams.of's slice unroll of a sliced accumulator: 2 slices' loads before their adds took
 # the H100's deterministic converts from 26.1 / 44.3 / 27.6 / 93.2 / 386.3 us to 24.8 / 42.0 / 26.5 /
 # 92.0 / 385.6 us (d64 Hq8 / Hkv2 causal 4 and 8 slices, not causal, MQA causal, Hq32 / Hkv8 8
-# slices); 4 (208-210 registers, one CTA per SM) was slower on three of the four (benchmarks/NOTES.md,
-# twentieth session)
+# slices); 4 (208-210 registers, one CTA per SM) was slower on three of the four (docs/DECISIONS.md,
+# "bwd_convert: two slices' loads in flight")
 SLICE_UNROLL = 2
 
 
@@ -592,7 +593,8 @@ class BwdCombineParams(_Tiles):
 # BwdCombineParams.of's default: with 64 rows and one split at a time the combine was latency-bound
 # where its grid is small; on the H200 this took it from 8.7 / 15.8 / 24.9 / 38.6 us to 6.2 / 12.0 /
 # 12.9 / 19.5 us (d64 GQA 2 and 4 splits, MQA 4 and 8) and left Hq32 / Hkv8's 4 splits (72 us,
-# memory-bound) as they were (benchmarks/NOTES.md, twentieth session)
+# memory-bound) as they were (docs/DECISIONS.md, "Backward: the split group's combine, 16 key rows
+# per CTA")
 COMBINE_FAST = dict(rows_per_cta=16, split_unroll=4)
 
 

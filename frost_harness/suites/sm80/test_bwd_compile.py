@@ -220,8 +220,9 @@ def test_sliced_plan_is_the_least_estimated_chain_or_the_ordered_dq_past_the_scr
     partials = (4 * 2048 * 2 * 128 * (4 * 2 * 2 + 2)) / engine.SLICED_PASS_BYTES  # what the clusters save
     assert estimates[4, 4] <= (estimates[2, 8] + partials) * (1 + engine.SLICED_PLAN_SLACK)
     assert estimates[2, 8] < estimates[2, 4] and estimates[4, 4] < estimates[4, 2]  # the slices' shared streams
-    # MHA: a head's key blocks in two CTAs, not one walking all eight (the streaming term; H100,
-    # benchmarks/NOTES.md twenty-first session: 1.073 of the default against 1.167)
+    # MHA: a head's key blocks in two CTAs, not one walking all eight (the streaming term; H100:
+    # 1.073 of the default against 1.167, docs/DECISIONS.md, "Sliced dQ: plan by the estimated
+    # chain time")
     mha = problem(16, 1024, 16, 16, 128, causal=False)
     assert engine.dq_slice_count(mha, Sm80Backward()._chain(mha)[0][1], 1) == 2
     assert abs(engine._visible_fraction(d64) - 0.5) < 0.01
