@@ -195,7 +195,7 @@ def _examples(folder: Path) -> int:
     for path in folder.glob("progress-*.json"):
         try:
             examples += json.loads(path.read_text(encoding="utf-8")).get("examples", 0)
-        except (OSError, ValueError):  # being replaced this instant: next time
+        except (OSError, ValueError):  # being replaced this instant: the next poll reads it
             continue
     return examples
 
