@@ -38,6 +38,8 @@ BAR_WIDTH = 24
 
 @dataclass
 class Progress:
+    """The counts of ``pytest-progress.json`` (the module's docstring says what each counts)."""
+
     collected: int | None = None
     done: int = 0
     failed: int = 0
