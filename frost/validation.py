@@ -6,9 +6,13 @@ SEMANTICS.md; they judge the call's arguments, never whether an engine supports
 them (that is each engine's ``check_support``).
 
 cu_seqlens and seqlens are read on the host (one device-to-host copy each) to check
-their values and to find the longest packed sequence. Those checks are
-``check_values``: a repeated call whose shapes, strides, dtypes and options were
-validated before (``frost.plans``) still runs them, since only the values can answer.
+their values, to find the longest packed sequence and to leave out trailing sequences that
+are empty on both sides (a caller that builds cu_seqlens on the device without knowing how
+many sequences there are gives it room for more, as zero-length ones at its end). Those
+checks are ``check_values``: a repeated call whose shapes, strides, dtypes and options were
+validated before (``frost.plans``) still runs them, since only the values can answer;
+except under a CUDA-graph capture, and for calls traced by torch.compile
+(``Options.check_lengths=False``) whose launch does not need the values.
 
 This module reads the records of ``frost.records`` and never imports ``frost.problem``
 (which imports it).
@@ -251,8 +255,11 @@ def _check_heads(t: Tensors, head_axis: int) -> None:
         raise ValueError(f"k: head dim {k.shape[-1]} does not match q's {q.shape[-1]}")
 
 
-def _check_int_vector(name: str, x: torch.Tensor, length: int | None) -> list[int]:
-    if x.device.type == "meta":  # checked first: tolist() below would raise NotImplementedError
+def _check_int_vector(name: str, x: torch.Tensor, length: int | None) -> torch.Tensor:
+    """The values, checked for form, as an int64 tensor on the host (one device-to-host copy):
+    the checks below are whole-tensor ops, since a cu_seqlens with a slot per token (a traced
+    caller's) has thousands of entries, which a Python loop over them would take milliseconds on."""
+    if x.device.type == "meta":  # checked first: there are no values to copy
         raise ValueError(f"{name}: on the meta device, which holds no values; frost reads {name} on the host")
     if x.dtype != torch.int32:
         raise ValueError(f"{name}: dtype must be torch.int32, got {x.dtype}")
@@ -260,7 +267,7 @@ def _check_int_vector(name: str, x: torch.Tensor, length: int | None) -> list[in
         raise ValueError(f"{name}: expected a 1-dim tensor, got shape {tuple(x.shape)}")
     if length is not None and x.shape[0] != length:
         raise ValueError(f"{name}: expected {length} entries, got {x.shape[0]}")
-    return x.tolist()
+    return x.to("cpu", torch.int64)
 
 
 def _check_dense(t: Tensors, options: Options) -> Extents:
@@ -287,11 +294,13 @@ def check_values(layout: str, t: Tensors, options: Options) -> Extents:
 
     Part of ``validate``; run alone on a call whose every other fact was validated
     before (same shapes, strides, dtypes, devices and options). While the current CUDA
-    stream is capturing a graph nothing may be read back to the host: see
-    ``extents_while_capturing``.
+    stream is capturing a graph nothing may be read back to the host, and a traced call
+    (``check_lengths=False``) reads nothing that its launch does not need, dense padding and
+    packed calls that name both ``max_seqlen_*`` (a compiled step then never waits for the
+    device): see ``extents_unread``.
     """
-    if capturing(t.q):
-        return extents_while_capturing(layout, t, options)
+    if capturing(t.q) or not (options.check_lengths or _launch_reads_values(layout, options)):
+        return extents_unread(layout, t, options)
     return _dense_values(t) if layout == "bshd" else _packed_values(t, options)
 
 
@@ -306,14 +315,22 @@ def capturing(x: torch.Tensor) -> bool:
     return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def extents_while_capturing(layout: str, t: Tensors, options: Options) -> Extents:
-    """The extents of a call made under CUDA-graph capture, read from shapes and options only.
+def _launch_reads_values(layout: str, options: Options) -> bool:
+    """Whether a launch needs values read back: a packed call that does not name its longest
+    sequences (the grid covers them) does."""
+    return layout == "thd" and (options.max_seqlen_q is None or options.max_seqlen_k is None)
+
+
+def extents_unread(layout: str, t: Tensors, options: Options) -> Extents:
+    """The extents of a call whose values are not read (a CUDA-graph capture, a traced call),
+    from shapes and options only.
 
     The values of seqlens / cu_seqlens are not checked here: reading them would sync with
     the device, which a capture forbids, and a graph replays with whatever those tensors
     hold at replay time anyway (the eager call that must precede the capture checked them
-    once). Packed calls therefore name their longest sequences: ``max_seqlen_q`` and
-    ``max_seqlen_k`` are required. The longest-sequence fields are None: unknown.
+    once; a traced call's first call with its signature did). Packed calls therefore name
+    their longest sequences: ``max_seqlen_q`` and ``max_seqlen_k`` are required. The
+    longest-sequence fields are None: unknown.
     """
     if layout == "bshd":
         return Extents("bshd", t.q.shape[0], t.q.shape[1], t.k.shape[1], t.q.shape[1], t.k.shape[1])
@@ -330,27 +347,26 @@ def _dense_values(t: Tensors) -> Extents:
     for name, x, extent in (("seqlens_q", t.seqlens_q, seqlen_q), ("seqlens_k", t.seqlens_k, seqlen_k)):
         if x is None:
             continue
-        values = _check_int_vector(name, x, batch)
-        if min(values) < 0 or max(values) > extent:
-            raise ValueError(
-                f"{name}: values must lie in [0, {extent}], got min {min(values)}, max {max(values)}"
-            )
+        low, high = (int(v) for v in _check_int_vector(name, x, batch).aminmax())
+        if low < 0 or high > extent:
+            raise ValueError(f"{name}: values must lie in [0, {extent}], got min {low}, max {high}")
     return Extents("bshd", batch, seqlen_q, seqlen_k, seqlen_q, seqlen_k)
 
 
-def _check_cu_seqlens(name: str, x: torch.Tensor, rows: int, tensor: str) -> list[int]:
+def _check_cu_seqlens(name: str, x: torch.Tensor, rows: int, tensor: str) -> torch.Tensor:
     values = _check_int_vector(name, x, None)
     if len(values) < 2:
         raise ValueError(f"{name}: needs at least 2 entries (one sequence), got {len(values)}")
     if values[0] != 0:
-        raise ValueError(f"{name}: must start at 0, got {values[0]}")
-    for i in range(1, len(values)):
-        if values[i] < values[i - 1]:
-            raise ValueError(
-                f"{name}: must be non-decreasing, but entry {i} ({values[i]}) < entry {i - 1} ({values[i - 1]})"
-            )
+        raise ValueError(f"{name}: must start at 0, got {int(values[0])}")
+    falls = (values[1:] < values[:-1]).nonzero()
+    if len(falls):
+        i = int(falls[0]) + 1
+        raise ValueError(
+            f"{name}: must be non-decreasing, but entry {i} ({int(values[i])}) < entry {i - 1} ({int(values[i - 1])})"
+        )
     if values[-1] > rows:
-        raise ValueError(f"{name}: ends at {values[-1]} but {tensor} has only {rows} rows")
+        raise ValueError(f"{name}: ends at {int(values[-1])} but {tensor} has only {rows} rows")
     return values
 
 
@@ -376,8 +392,11 @@ def _packed_values(t: Tensors, options: Options) -> Extents:
         raise ValueError(
             f"cu_seqlens_k: describes {len(cu_k) - 1} sequences but cu_seqlens_q describes {len(cu_q) - 1}"
         )
-    longest_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
-    longest_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+    lengths_q, lengths_k = cu_q.diff(), cu_k.diff()
+    longest_q, longest_k = int(lengths_q.max()), int(lengths_k.max())
+    # the sequences launched: trailing ones empty on both sides add nothing (at least one stays)
+    nonempty = ((lengths_q > 0) | (lengths_k > 0)).nonzero()
+    used = int(nonempty[-1]) + 1 if len(nonempty) else 1
     seqlen = []
     for name, longest in (("max_seqlen_q", longest_q), ("max_seqlen_k", longest_k)):
         given = getattr(options, name)
@@ -389,7 +408,7 @@ def _packed_values(t: Tensors, options: Options) -> Extents:
         if given < longest:
             raise ValueError(f"{name}: {given} is less than the longest sequence ({longest})")
         seqlen.append(given)
-    return Extents("thd", len(cu_q) - 1, seqlen[0], seqlen[1], longest_q, longest_k)
+    return Extents("thd", used, seqlen[0], seqlen[1], longest_q, longest_k)
 
 
 def _check_options(options: Options, direction: str) -> None:
@@ -425,7 +444,9 @@ def _check_bias(t: Tensors, extents: Extents) -> None:
     q = t.q
     if bias.dtype not in (torch.float32, q.dtype):
         raise ValueError(f"bias: dtype must be torch.float32 or q's {q.dtype}, got {bias.dtype}")
-    batch, heads = extents.batch, q.shape[-2]
+    # packed: the sequences as given (trailing empty ones are left out of the launch, not of the bias)
+    batch = extents.batch if extents.layout == "bshd" else t.cu_seqlens_q.shape[0] - 1
+    heads = q.shape[-2]
     if extents.layout == "bshd":
         want = f"[B|1={batch}|1, Hq|1={heads}|1, Sq={extents.seqlen_q}, Sk={extents.seqlen_k}]"
         fits = bias.dim() == 4 and bias.shape[2] == extents.seqlen_q and bias.shape[3] == extents.seqlen_k

@@ -104,7 +104,12 @@ def test_registered_for_attention_and_masks():
 
     assert ALL_ATTENTION_FUNCTIONS["frost"] is adapter.frost_attention_forward
     # without a mask function transformers hands custom implementations no mask at all
-    assert ALL_MASK_ATTENTION_FUNCTIONS["frost"] is ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    assert ALL_MASK_ATTENTION_FUNCTIONS["frost"] is adapter.frost_mask
+    # eager calls get sdpa's own 4-D mask, which the adapter reads
+    padding = torch.tensor([[True, True, False]])
+    arguments = dict(batch_size=1, q_length=3, kv_length=3, attention_mask=padding)
+    expected = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"](**arguments)
+    assert torch.equal(adapter.frost_mask(**arguments), expected)
 
 
 @pytest.mark.L0
