@@ -37,6 +37,7 @@ compiled step does not wait for the device in every layer.
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import NamedTuple
 
@@ -315,6 +316,10 @@ def attention(
     try:
         if not (_size_or_none(max_seqlen_q) and _size_or_none(max_seqlen_k)):
             raise TypeError("max_seqlen_q / max_seqlen_k")  # the ops' SymInt? arguments would refuse it unnamed
+        if isinstance(scale, float):
+            # the identity, which dynamo evaluates to a constant: under dynamic shapes a float read from a
+            # module attribute is a lazy constant that assume_constant_result cannot take as it is
+            scale = math.ldexp(scale, 0)
         settings = settings_id(scale, causal, causal_align, window_left, window_right, deterministic, engine,
                                not isinstance(bias, Tensor) or bias.requires_grad,
                                torch.compiler.is_compiling())  # fmt: skip

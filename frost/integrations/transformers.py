@@ -141,12 +141,14 @@ def reset_fallbacks() -> None:
         _fallback_counts.clear()
 
 
-def _note_fallback(reason: str) -> None:
+@torch.compiler.assume_constant_result  # under torch.compile: run once, while tracing, not in the graph
+def _note_fallback(reason: str) -> bool:
     with _fallback_lock:
         first = reason not in _fallback_counts
         _fallback_counts[reason] += 1
     if first:  # once per reason: a training loop would log it in every layer of every step
         logger.warning("frost attention falls back to transformers' implementation: %s", reason)
+    return first
 
 
 def _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):

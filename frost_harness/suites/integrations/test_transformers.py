@@ -555,20 +555,3 @@ def test_position_bias_with_packing_falls_back():
 
     expected = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25, position_bias=bias)[0]
     assert torch.equal(got, expected)
-
-
-@pytest.mark.L0
-def test_torch_compile_runs_the_model_on_frost():
-    """The default torch.compile (graph breaks allowed) of a model with "frost": the loss and
-    gradients are eager's, and frost served the attention inside the compiled run."""
-    _, _, frost_model = _models(_config())
-    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(19))
-    expected = _run(frost_model, ids, use_cache=False)
-    torch.compiler.reset()
-    compiled = torch.compile(frost_model, backend="aot_eager")
-    mark = ledger.mark()
-    got = _run(compiled, ids, use_cache=False)
-    assert len(_frost_forwards(mark)) == 2
-    torch.compiler.reset()
-    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-    assert not adapter.fallbacks()
