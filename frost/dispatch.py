@@ -29,6 +29,7 @@ passes ``engine=``.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -156,9 +157,30 @@ class LedgerSnapshot:
 ledger = Ledger()
 
 
+_table_order_only = False  # table_order(): no engine ranks itself first
+
+
+@contextlib.contextmanager
+def table_order():
+    """Within this block no engine goes ahead of the table's order by its device family: frost's
+    own kernels rank first everywhere, as ``engine="sm80"`` forces for the calls that cannot pass
+    it (a model's attention). Benchmarks of frost's kernels run in it. Plans made outside are not
+    reused inside, nor the other way round (``Engine.generation``)."""
+    global _table_order_only
+    before, _table_order_only = _table_order_only, True
+    Engine.generation += 1
+    try:
+        yield
+    finally:
+        _table_order_only = before
+        Engine.generation += 1
+
+
 def _candidates(problem: Problem, engine: str | None) -> tuple[tuple[Engine, str | None], ...]:
     """The engines to ask, in order, each with why it ranks first (None: the table's rank)."""
     table = engines(problem.direction)
+    if engine is None and _table_order_only:
+        return tuple((e, None) for e in table)
     if engine is None:
         first = [(e, why) for e in table if (why := e.ranks_first(problem)) is not None]
         return (*first, *((e, None) for e in table if all(e is not f for f, _ in first)))

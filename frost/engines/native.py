@@ -40,7 +40,8 @@ log, as cuDNN's softmax statistics) and is not deterministic, so ``deterministic
 frost. What torch itself would refuse (``torch.backends.cuda.can_use_cudnn_attention``) is
 declined when the plan is made. It is ranked first (``Engine.ranks_first``) only on the device
 families of ``CUDNN_FASTER_ON``, where it measured faster than frost's SM80 kernels; elsewhere it
-sits last in the tables, serving only when forced (``engine="torch-cudnn"``).
+sits last in the tables, serving only when forced (``engine="torch-cudnn"``). Benchmarks of
+frost's kernels run in ``frost.dispatch.table_order()``.
 """
 from __future__ import annotations
 
@@ -189,10 +190,6 @@ class _TorchCudnnEngine(Engine):
     native = True
     capabilities = TORCH_CUDNN_CAPABILITIES
 
-    def __init__(self, faster_on: dict[int, str] | None = None):
-        # an attribute, so that replacing it (a benchmark timing frost's kernels) rebuilds the plans
-        self.faster_on = dict(CUDNN_FASTER_ON if faster_on is None else faster_on)
-
     def check_support(self, problem: Problem) -> str | None:
         reason = super().check_support(problem) or _torch_sdpa_decline(problem)
         if reason is None and (problem.head_dim_qk not in CUDNN_HEAD_DIMS or problem.head_dim_v != problem.head_dim_qk):
@@ -201,7 +198,7 @@ class _TorchCudnnEngine(Engine):
 
     def ranks_first(self, problem: Problem) -> str | None:
         capability = compute_capability(problem.device)
-        return None if capability is None else self.faster_on.get(capability[0])
+        return None if capability is None else CUDNN_FASTER_ON.get(capability[0])
 
     def _refused_by_torch(self, problem: Problem) -> str | None:
         """Why torch's own checks would not run cuDNN here (None: they would), on small tensors of

@@ -122,19 +122,16 @@ def test_cpu_routes_as_before():
 
 
 @pytest.mark.L0
-def test_replacing_the_family_table_rebuilds_plans(capability):
-    """A benchmark that times frost's kernels empties the table: the engine's attribute, so plans
-    lowered under the old table are not reused (``Engine.generation``)."""
+def test_table_order_puts_frosts_kernels_first_and_rebuilds_plans(capability):
+    """What benchmarks of frost's kernels run in (a model's attention cannot pass ``engine=``): the
+    tables' order, and plans made outside it are not reused inside (``Engine.generation``)."""
     capability(9)
-    engine = next(e for e in dispatch.FORWARD_ENGINES if e.name == "torch-cudnn")
-    before = engine.generation
-    saved = engine.faster_on
-    try:
-        engine.faster_on = {}
-        assert engine.generation > before
-        assert dispatch.route(_problem()).engine == "sdpa_fwd_sm80"
-    finally:
-        engine.faster_on = saved
+    before = dispatch.Engine.generation
+    with dispatch.table_order():
+        assert dispatch.Engine.generation > before
+        decision = dispatch.route(_problem())
+        assert (decision.engine, decision.declined, decision.ranked_first) == ("sdpa_fwd_sm80", (), None)
+    assert dispatch.route(_problem()).engine == "torch-cudnn"
 
 
 def _on_sm90() -> bool:
