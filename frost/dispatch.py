@@ -191,6 +191,12 @@ def _candidates(problem: Problem, engine: str | None) -> tuple[tuple[Engine, str
     return tuple((e, None) for e in chosen)
 
 
+def ranked(problem: Problem) -> tuple[Engine, ...]:
+    """The engines of the problem's direction in the order routing asks them (``ranks_first``
+    applied): the table's order unless an engine goes first on this problem's device."""
+    return tuple(engine for engine, _ in _candidates(problem, None))
+
+
 def _forced_decline(engine: str, reason: str) -> ValueError:
     return ValueError(f"engine: {engine!r} declined this problem: {reason}")
 

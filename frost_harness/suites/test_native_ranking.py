@@ -86,6 +86,14 @@ def test_frost_serves_what_cudnn_does_not_compute_exactly(capability, name):
 
 
 @pytest.mark.L0
+def test_ranked_is_the_order_routing_asks(capability):
+    capability(9)
+    assert [e.name for e in dispatch.ranked(_problem())] == ["torch-cudnn", "sdpa_fwd_sm80", "torch-sdpa", "unfused"]
+    capability(8, 6)
+    assert dispatch.ranked(_problem()) == dispatch.FORWARD_ENGINES
+
+
+@pytest.mark.L0
 def test_deterministic_backward_stays_with_frost(capability):
     capability(9)
     decision = dispatch.route(_problem("backward", deterministic=True))

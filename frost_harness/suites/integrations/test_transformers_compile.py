@@ -140,22 +140,26 @@ CASES = {
 }
 
 
-def _compiled(model):
+def _compiled(model, **options):
     torch.compiler.reset()
-    return torch.compile(model, fullgraph=True, backend="aot_eager")
+    return torch.compile(model, fullgraph=True, **({"backend": "aot_eager"} | options))
 
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_fullgraph_training_steps_match_sdpa(case):
-    if case.config is _gpt_oss and not hasattr(transformers, "GptOssConfig"):
-        pytest.skip("this transformers has no gpt-oss")
+def _on(device: str, step: Step) -> Step:
+    return Step(step.ids.to(device), {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                                      for k, v in step.kwargs.items()})  # fmt: skip
+
+
+def _check_compiled_steps(case: CompileCase, device: str = "cpu", **options) -> None:
+    """Two training steps of the compiled frost model: one graph, no break, no recompile, each
+    step's logits and gradients judged against the reference implementation's."""
     copies = ((case.reference, torch.float32), (case.reference, BF16), ("frost", BF16))
-    ref, sdpa, frost_model = _models(case.config(), copies=copies)
-    compiled = _compiled(frost_model)
+    ref, sdpa, frost_model = (model.to(device) for model in _models(case.config(), copies=copies))
+    compiled = _compiled(frost_model, **options)
     counters = torch._dynamo.utils.counters
     counters.clear()
     for n in range(2):
-        ids, kwargs = case.steps(n)
+        ids, kwargs = _on(device, case.steps(n))
         mark = ledger.mark()
         with torch._dynamo.config.patch(error_on_recompile=n > 0):  # the second step reuses the graph
             got = _run(compiled, ids, **kwargs)
@@ -170,6 +174,50 @@ def test_fullgraph_training_steps_match_sdpa(case):
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
     torch.compiler.reset()
     assert not adapter.fallbacks()
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_fullgraph_training_steps_match_sdpa(case):
+    if case.config is _gpt_oss and not hasattr(transformers, "GptOssConfig"):
+        pytest.skip("this transformers has no gpt-oss")
+    _check_compiled_steps(case)
+
+
+GPU_CASES = ("llama-causal", "llama-right-padding", "llama-packed-flash-kwargs", "llama-packed-position-ids",
+             "mistral-sliding-window-padding", "gpt-oss-sinks")  # fmt: skip
+
+
+@pytest.mark.L0
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_CASES)
+def test_fullgraph_inductor_on_cuda(name):
+    """The same on CUDA with inductor, the calls served by frost's SM80 kernels (or, on SM90, by
+    torch-cudnn where it ranks first)."""
+    case = CASES[name].values[0]
+    if case.config is _gpt_oss and not hasattr(transformers, "GptOssConfig"):
+        pytest.skip("this transformers has no gpt-oss")
+    _check_compiled_steps(case, "cuda", backend="inductor")
+
+
+@pytest.mark.L0
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llama-causal", "llama-packed-flash-kwargs"])
+def test_compiled_step_replays_as_a_cuda_graph(name):
+    """``torch.compile(mode="reduce-overhead")``: forward and backward captured in CUDA graphs
+    (inductor skipped none) and replayed on new inputs with the losses of the default mode."""
+    case = CASES[name].values[0]
+    (frost_model,) = (m.cuda() for m in _models(case.config(), copies=(("frost", BF16),)))
+    steps = [_on("cuda", case.steps(n % 2)) for n in range(3)]
+    plain = _compiled(frost_model, backend="inductor")
+    expected = [_run(plain, ids, **kwargs)[0] for ids, kwargs in steps]
+    graphed = _compiled(frost_model, mode="reduce-overhead")
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    for (ids, kwargs), logits in zip(steps, expected):  # cudagraph trees: warm up, record, replay
+        torch.compiler.cudagraph_mark_step_begin()
+        torch.testing.assert_close(_run(graphed, ids, **kwargs)[0], logits, rtol=0, atol=0)
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    torch.compiler.reset()
 
 
 @pytest.mark.L1
