@@ -19,7 +19,9 @@ This module reads the records of ``frost.records`` and never imports ``frost.pro
 """
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -255,11 +257,8 @@ def _check_heads(t: Tensors, head_axis: int) -> None:
         raise ValueError(f"k: head dim {k.shape[-1]} does not match q's {q.shape[-1]}")
 
 
-def _check_int_vector(name: str, x: torch.Tensor, length: int | None) -> torch.Tensor:
-    """The values, checked for form, as an int64 tensor on the host (one device-to-host copy):
-    the checks below are whole-tensor ops, since a cu_seqlens with a slot per token (a traced
-    caller's) has thousands of entries, which a Python loop over them would take milliseconds on."""
-    if x.device.type == "meta":  # checked first: there are no values to copy
+def _check_int_vector(name: str, x: torch.Tensor, length: int | None) -> list[int]:
+    if x.device.type == "meta":  # checked first: tolist() below would raise NotImplementedError
         raise ValueError(f"{name}: on the meta device, which holds no values; frost reads {name} on the host")
     if x.dtype != torch.int32:
         raise ValueError(f"{name}: dtype must be torch.int32, got {x.dtype}")
@@ -267,7 +266,7 @@ def _check_int_vector(name: str, x: torch.Tensor, length: int | None) -> torch.T
         raise ValueError(f"{name}: expected a 1-dim tensor, got shape {tuple(x.shape)}")
     if length is not None and x.shape[0] != length:
         raise ValueError(f"{name}: expected {length} entries, got {x.shape[0]}")
-    return x.to("cpu", torch.int64)
+    return x.tolist()
 
 
 def _check_dense(t: Tensors, options: Options) -> Extents:
@@ -301,7 +300,7 @@ def check_values(layout: str, t: Tensors, options: Options) -> Extents:
     """
     if capturing(t.q) or not (options.check_lengths or _launch_reads_values(layout, options)):
         return extents_unread(layout, t, options)
-    return _dense_values(t) if layout == "bshd" else _packed_values(t, options)
+    return _dense_values(t) if layout == "bshd" else _packed_values(t, options, options.check_lengths)
 
 
 def reads_no_values(layout: str, t: Tensors) -> bool:
@@ -347,27 +346,27 @@ def _dense_values(t: Tensors) -> Extents:
     for name, x, extent in (("seqlens_q", t.seqlens_q, seqlen_q), ("seqlens_k", t.seqlens_k, seqlen_k)):
         if x is None:
             continue
-        low, high = (int(v) for v in _check_int_vector(name, x, batch).aminmax())
-        if low < 0 or high > extent:
-            raise ValueError(f"{name}: values must lie in [0, {extent}], got min {low}, max {high}")
+        values = _check_int_vector(name, x, batch)
+        if min(values) < 0 or max(values) > extent:
+            raise ValueError(
+                f"{name}: values must lie in [0, {extent}], got min {min(values)}, max {max(values)}"
+            )
     return Extents("bshd", batch, seqlen_q, seqlen_k, seqlen_q, seqlen_k)
 
 
-def _check_cu_seqlens(name: str, x: torch.Tensor, rows: int, tensor: str) -> torch.Tensor:
-    values = _check_int_vector(name, x, None)
+def _check_cu_seqlens(name: str, values: list[int], rows: int, tensor: str) -> None:
     if len(values) < 2:
         raise ValueError(f"{name}: needs at least 2 entries (one sequence), got {len(values)}")
     if values[0] != 0:
-        raise ValueError(f"{name}: must start at 0, got {int(values[0])}")
-    falls = (values[1:] < values[:-1]).nonzero()
-    if len(falls):
-        i = int(falls[0]) + 1
+        raise ValueError(f"{name}: must start at 0, got {values[0]}")
+    # map runs the comparisons in C: a traced caller's cu_seqlens has a slot per token, thousands
+    if not all(map(operator.le, values, values[1:])):
+        i = next(i for i in range(1, len(values)) if values[i] < values[i - 1])
         raise ValueError(
-            f"{name}: must be non-decreasing, but entry {i} ({int(values[i])}) < entry {i - 1} ({int(values[i - 1])})"
+            f"{name}: must be non-decreasing, but entry {i} ({values[i]}) < entry {i - 1} ({values[i - 1]})"
         )
     if values[-1] > rows:
-        raise ValueError(f"{name}: ends at {int(values[-1])} but {tensor} has only {rows} rows")
-    return values
+        raise ValueError(f"{name}: ends at {values[-1]} but {tensor} has only {rows} rows")
 
 
 def _check_packed(t: Tensors, options: Options) -> Extents:
@@ -384,19 +383,25 @@ def _check_packed(t: Tensors, options: Options) -> Extents:
     return _packed_values(t, options)
 
 
-def _packed_values(t: Tensors, options: Options) -> Extents:
+def _packed_values(t: Tensors, options: Options, check: bool = True) -> Extents:
+    """The extents the values of cu_seqlens give; ``check``: their checks too (a traced call's
+    repeated ones skip them, reading only what the launch needs)."""
     q, k = t.q, t.k
-    cu_q = _check_cu_seqlens("cu_seqlens_q", t.cu_seqlens_q, q.shape[0], "q")
-    cu_k = _check_cu_seqlens("cu_seqlens_k", t.cu_seqlens_k, k.shape[0], "k")
-    if len(cu_k) != len(cu_q):
-        raise ValueError(
-            f"cu_seqlens_k: describes {len(cu_k) - 1} sequences but cu_seqlens_q describes {len(cu_q) - 1}"
-        )
-    lengths_q, lengths_k = cu_q.diff(), cu_k.diff()
-    longest_q, longest_k = int(lengths_q.max()), int(lengths_k.max())
-    # the sequences launched: trailing ones empty on both sides add nothing (at least one stays)
-    nonempty = ((lengths_q > 0) | (lengths_k > 0)).nonzero()
-    used = int(nonempty[-1]) + 1 if len(nonempty) else 1
+    cu_q = _check_int_vector("cu_seqlens_q", t.cu_seqlens_q, None)
+    same = t.cu_seqlens_k is t.cu_seqlens_q  # as transformers passes them for self-attention: one read
+    cu_k = cu_q if same else _check_int_vector("cu_seqlens_k", t.cu_seqlens_k, None)
+    if check:
+        _check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], "q")
+        _check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], "k")
+        if len(cu_k) != len(cu_q):
+            raise ValueError(
+                f"cu_seqlens_k: describes {len(cu_k) - 1} sequences but cu_seqlens_q describes {len(cu_q) - 1}"
+            )
+    longest_q = max(map(operator.sub, cu_q[1:], cu_q))
+    longest_k = longest_q if same else max(map(operator.sub, cu_k[1:], cu_k))
+    # the sequences launched: trailing ones empty on both sides add nothing (at least one stays);
+    # in a non-decreasing cu_seqlens they start where its last value first appears
+    used = max(bisect.bisect_left(cu_q, cu_q[-1]), bisect.bisect_left(cu_k, cu_k[-1]), 1)
     seqlen = []
     for name, longest in (("max_seqlen_q", longest_q), ("max_seqlen_k", longest_k)):
         given = getattr(options, name)
