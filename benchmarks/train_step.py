@@ -176,8 +176,8 @@ def _attention_kernels(run) -> str:
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
-    names = {e.key for e in prof.key_averages() if any(p in e.key.lower() for p in ("flash", "fmha", "sdpa", "attention",
-                                                                                      "cudnn", "sm80"))}  # fmt: skip
+    patterns = ("flash", "fmha", "sdpa", "attention", "cudnn", "sm80")
+    names = {e.key for e in prof.key_averages() if any(p in e.key.lower() for p in patterns)}
     return "; ".join(sorted(name[:90] for name in names))
 
 

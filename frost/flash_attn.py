@@ -41,7 +41,7 @@ def flash_attn_func(
     causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
     alibi_slopes: Tensor | None = None, deterministic: bool = False, return_attn_probs: bool = False,
     *, s_aux: Tensor | None = None,
-):  # fmt: skip
+) -> Tensor | tuple[Tensor, Tensor, None]:  # fmt: skip
     """FA2's ``flash_attn_func``: q ``[B, Sq, Hq, D]``, k and v ``[B, Sk, Hkv, D]``; returns out
     ``[B, Sq, Hq, Dv]``, or ``(out, softmax_lse, None)`` with ``return_attn_probs``."""
     _refuse_absent_features(dropout_p, softcap, alibi_slopes, None)
@@ -56,7 +56,7 @@ def flash_attn_varlen_func(
     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Tensor | None = None,
     deterministic: bool = False, return_attn_probs: bool = False, block_table: Tensor | None = None,
     *, s_aux: Tensor | None = None,
-):  # fmt: skip
+) -> Tensor | tuple[Tensor, Tensor, None]:  # fmt: skip
     """FA2's ``flash_attn_varlen_func``: packed q ``[Tq, Hq, D]``, k and v ``[Tk, Hkv, D]``, the
     sequences by int32 ``cu_seqlens_q`` / ``cu_seqlens_k`` ``[B + 1]``; returns out ``[Tq, Hq, Dv]``,
     or ``(out, softmax_lse, None)`` with ``return_attn_probs``."""

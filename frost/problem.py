@@ -19,9 +19,10 @@ so routing and compile caches see one problem, not two spellings of it:
 - a window side at least as wide as the longest sequence is no bound (-1);
 - for packed (THD) inputs ``seqlen_q`` / ``seqlen_k`` are the longest sequence, or
   the ``max_seqlen_q`` / ``max_seqlen_k`` given by the caller (validated to be at
-  least the longest), and ``batch`` leaves out trailing sequences empty on both sides. Computing the longest sequence, like the other checks of
-  cu_seqlens and seqlens, reads those tensors on the host: one device-to-host copy
-  per call for packed or padded inputs.
+  least the longest), and ``batch`` leaves out trailing sequences empty on both sides.
+  Computing the longest sequence, like the other checks of cu_seqlens and seqlens, reads
+  those tensors on the host: one device-to-host copy per call for packed or padded inputs
+  (a call traced by torch.compile reads them only where its launch needs them).
 """
 from __future__ import annotations
 

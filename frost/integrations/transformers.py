@@ -46,11 +46,27 @@ Sinks (gpt-oss's ``s_aux``) -> ``sinks`` (float32, differentiable). T5's ``posit
 ([1, H, Sq, Sk], learned) -> ``bias`` (differentiable: dbias reaches the relative-position
 embedding), except with packed sequences, whose positions restart where the bias's do not.
 
-The analysis reads mask values, so under ``torch.compile`` a masked call breaks the
-graph (``fullgraph=True`` fails; the default compile runs, each layer's attention between
-two graphs); an unmasked (plain causal) call traces through ``frost.attention``. With torch
-before 2.14 transformers builds the mask even for plain causal calls while compiling (its
-skip test cannot run under dynamo there), so every call is a masked one.
+Under ``torch.compile`` nothing is read on the host, so ``fullgraph=True`` traces a model whole
+and a step at the same shapes reuses its graph. The mask function (``frost_mask``) then gives
+what transformers gives its flash-attention path: None, or the 2-D padding mask; the attention
+function takes causality from the module, the window from the ``sliding_window`` keyword, sinks
+from ``s_aux``, and (``_traced_plan``):
+
+- a padding mask -> each row's valid tokens moved first, in order (a gather of q, k, v and back
+  of the output: padding on either side, as transformers' flash path unpads it) and
+  ``seqlens_k`` = the valid counts; padded query rows then see every valid key, as right-padded
+  ones do under sdpa, and the loss ignores them;
+- ``cu_seq_lens_q/k`` and ``max_length_q/k`` (DataCollatorWithFlattening's keywords) -> THD
+  with those (``max_length`` may be a symbolic size under dynamic shapes);
+- restarting ``position_ids`` in a batch of one row (the flattening collator's shape; in a wider
+  batch they are not read as packing, as in transformers' flash path) -> THD with a
+  ``cu_seqlens`` of one slot per token built on the device; frost reads it back once per call
+  (a launch needs the number of sequences), so a compiled step is not captured in a CUDA graph
+  on this route (pass ``cu_seq_lens_*`` and ``max_length_*`` for that);
+- whatever frost does not serve falls back, inside the graph, to sdpa with the boolean mask
+  transformers' sdpa builder would have made (built on the device from the keywords), and the
+  reason is counted while tracing. Masks only sdpa's builder can make (overlays such as image
+  tokens' bidirectional blocks, chunked attention, a cache) come as 4-D masks and fall back.
 """
 from __future__ import annotations
 
@@ -232,7 +248,7 @@ def frost_attention_forward(
     if isinstance(plan, str):
         reason, plan, traced = reason or plan, None, False  # the mask as given is sdpa's
     elif reason is None and bias is not None and plan is not None and (plan.packed or plan.order is not None):
-        reason = "position_bias with packed sequences or reordered padding (its positions are the row's, frost's differ)"
+        reason = "position_bias with packed sequences or reordered padding (its positions are the row's)"
     if reason is not None:
         if traced:  # sdpa gets the mask that transformers' sdpa builder would have made
             attention_mask = _traced_mask(plan, attention_mask, query, key.shape[2])
@@ -304,8 +320,9 @@ def _traced_plan(mask, module, query, is_causal, kwargs) -> MaskPlan | str | Non
         return MaskPlan(False, causal, "top_left", window_left, lengths, None, None, order=order)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None:
-        return MaskPlan(True, causal, "top_left", window_left, None, cu_q.to(torch.int32), _size(kwargs, "max_length_q"),
-                        cu_k.to(torch.int32), _size(kwargs, "max_length_k"))  # fmt: skip
+        max_q, max_k = _size(kwargs, "max_length_q"), _size(kwargs, "max_length_k")
+        return MaskPlan(True, causal, "top_left", window_left, None, cu_q.to(torch.int32), max_q,
+                        cu_k.to(torch.int32), max_k)  # fmt: skip
     positions = kwargs.get("position_ids")
     if positions is not None and batch == 1 and seqlen > 1 and causal and positions.shape[-1] == seqlen:
         # one slot per token: the sequences past the last are empty, which frost leaves out when it

@@ -150,7 +150,8 @@ def test_flash_attn_func_options():
     out = frost.flash_attn_func(*dense, causal=True, deterministic=True)
     assert isinstance(out, torch.Tensor) and out.shape == (1, 6, 4, 16)
     mark = ledger.mark()
-    frost.flash_attn_func(*(x.clone().requires_grad_() for x in dense), causal=True, deterministic=True).sum().backward()
+    leaves = [x.clone().requires_grad_() for x in dense]
+    frost.flash_attn_func(*leaves, causal=True, deterministic=True).sum().backward()
     forward, backward = ledger.since(mark)
     assert forward.problem.causal and backward.problem.deterministic
     sinks = torch.randn(4, dtype=BF16)  # transformers hands sinks over in the io dtype
