@@ -194,6 +194,8 @@ class _TorchCudnnEngine(Engine):
         reason = super().check_support(problem) or _torch_sdpa_decline(problem)
         if reason is None and (problem.head_dim_qk not in CUDNN_HEAD_DIMS or problem.head_dim_v != problem.head_dim_qk):
             reason = f"head dims {problem.head_dim_qk}/{problem.head_dim_v}: only d64 and d128 (Dqk == Dv) are measured"
+        if reason is None and not problem.vector_aligned:
+            reason = "cuDNN reads rows on 16-byte boundaries: an input's pointer or strides are not aligned"
         return reason
 
     def ranks_first(self, problem: Problem) -> str | None:
