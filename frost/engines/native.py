@@ -154,7 +154,7 @@ class UnfusedBackward(Engine):
 
 # Device families (compute capability major) where torch's cuDNN attention measured faster than
 # frost's SM80 kernels on the problems torch-cudnn serves, with the measurement that decided it.
-# ``benchmarks/bench_sdpa.py --native-table`` measures it on the device at hand; on SM8x frost's
+# ``benchmarks/bench_sdpa.py`` (its last table) measures it on the device at hand; on SM8x frost's
 # kernels are the fast path (torch itself picks FlashAttention-2 there).
 CUDNN_FASTER_ON = {
     9: "torch's cuDNN attention measured 1.05-1.75x faster than frost's sm80 kernels on SM90 (H100, torch 2.11, "
@@ -189,6 +189,7 @@ class _TorchCudnnEngine(Engine):
     name = "torch-cudnn"
     native = True
     capabilities = TORCH_CUDNN_CAPABILITIES
+    plan_type: type[Plan]
 
     def check_support(self, problem: Problem) -> str | None:
         reason = super().check_support(problem) or _torch_sdpa_decline(problem)
@@ -202,6 +203,12 @@ class _TorchCudnnEngine(Engine):
         capability = compute_capability(problem.device)
         return None if capability is None else CUDNN_FASTER_ON.get(capability[0])
 
+    def compile(self, problem: Problem) -> Plan:
+        reason = self._refused_by_torch(problem)
+        if reason is not None:
+            raise Declined(reason)
+        return self.plan_type(problem)
+
     def _refused_by_torch(self, problem: Problem) -> str | None:
         """Why torch's own checks would not run cuDNN here (None: they would), on small tensors of
         the problem's heads, head dims, dtype and device."""
@@ -213,26 +220,6 @@ class _TorchCudnnEngine(Engine):
         if not torch.backends.cuda.can_use_cudnn_attention(params, False):
             return "torch's cuDNN attention refuses this problem (torch.backends.cuda.can_use_cudnn_attention)"
         return None
-
-
-class TorchCudnnForward(_TorchCudnnEngine):
-    direction = "forward"
-
-    def compile(self, problem: Problem) -> Plan:
-        reason = self._refused_by_torch(problem)
-        if reason is not None:
-            raise Declined(reason)
-        return _TorchCudnnForwardPlan(problem)
-
-
-class TorchCudnnBackward(_TorchCudnnEngine):
-    direction = "backward"
-
-    def compile(self, problem: Problem) -> Plan:
-        reason = self._refused_by_torch(problem)
-        if reason is not None:
-            raise Declined(reason)
-        return _TorchCudnnBackwardPlan(problem)
 
 
 class _TorchCudnnForwardPlan(Plan):
@@ -256,9 +243,10 @@ class _TorchCudnnBackwardPlan(Plan):
         problem = self.problem
         q, k, v, o, do = (x.transpose(1, 2) for x in (tensors.q, tensors.k, tensors.v, tensors.o, tensors.do))
         lse = tensors.lse.unsqueeze(-1)
-        unused = torch.empty(0, device=q.device)  # dropout's seed and offset, no bias, no packing
+        seed = torch.zeros((), dtype=torch.int64, device=q.device)  # dropout's seed and offset: no dropout
+        # no bias (None), no packed sequences (None, None)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            do, q, k, v, o, lse, unused, unused, unused, unused, unused, problem.seqlen_q, problem.seqlen_k, 0.0,
+            do, q, k, v, o, lse, seed, seed, None, None, None, problem.seqlen_q, problem.seqlen_k, 0.0,
             problem.causal, scale=problem.scale,
         )  # fmt: skip
         grads = out if out is not None else Grads(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2))
@@ -266,6 +254,16 @@ class _TorchCudnnBackwardPlan(Plan):
             for given, computed in zip(out, (dq, dk, dv)):
                 given.copy_(computed.transpose(1, 2))
         return grads
+
+
+class TorchCudnnForward(_TorchCudnnEngine):
+    direction = "forward"
+    plan_type = _TorchCudnnForwardPlan
+
+
+class TorchCudnnBackward(_TorchCudnnEngine):
+    direction = "backward"
+    plan_type = _TorchCudnnBackwardPlan
 
 
 # torch-sdpa ------------------------------------------------------------------------

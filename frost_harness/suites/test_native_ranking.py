@@ -145,6 +145,22 @@ def test_table_order_puts_frosts_kernels_first_and_rebuilds_plans(capability):
     assert dispatch.route(_problem()).engine == "torch-cudnn"
 
 
+@pytest.mark.L0
+def test_cudnn_plans_bind_frosts_layouts_on_meta_tensors():
+    """torch-cudnn's plans on meta tensors (torch's shape functions of the cuDNN ops): BSHD views
+    in, o and lse in frost's shapes out, the backward's gradients shaped like their inputs, GQA."""
+    from frost.records import Tensors
+
+    problem = _problem(device="meta", batch=2, seqlen_q=16, seqlen_k=16)
+    q = torch.empty(2, 16, 8, 128, dtype=BF16, device="meta")
+    k, v = (torch.empty(2, 16, 2, 128, dtype=BF16, device="meta") for _ in range(2))
+    o, lse = native.TorchCudnnForward.plan_type(problem).execute(Tensors(q, k, v))
+    assert o.shape == q.shape and lse.shape == problem.lse_shape == (2, 8, 16) and lse.dtype == torch.float32
+    backward = dataclasses.replace(problem, direction="backward")
+    grads = native.TorchCudnnBackward.plan_type(backward).execute(Tensors(q, k, v, o, lse, torch.empty_like(o)))
+    assert (grads.dq.shape, grads.dk.shape, grads.dv.shape) == (q.shape, k.shape, v.shape)
+
+
 def _on_sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
