@@ -55,6 +55,13 @@ ops (SEMANTICS.md's formula in fp32, rounded to bf16, differentiable) and then
 ``frost.attention`` without RoPE; bf16, ``ROPE_SHAPES``; the ratio is the torch-rotated
 time over the fused one (target >= 1.1).
 
+frost's own kernels are timed everywhere: the run is in ``frost.dispatch.table_order()``, so on
+SM90 torch-cudnn (ranked first there) does not serve frost's columns. The default run ends with
+the native-engine table of the device's family: per direction, on the shapes torch-cudnn serves
+(the 18 above), cuDNN's time over frost's, and whether cuDNN was faster on every one of them,
+beside what ``frost.engines.native.CUDNN_FASTER_ON`` says for this family: the measurement that
+ranks torch-cudnn first, or not, on the device at hand.
+
 TFLOP/s = 2*B*H*S^2*(Dqk + Dv) (4*B*H*S^2*D when they are equal; halved for causal) / time
 for the forward; the backward counts 2.5x the forward's FLOPs. frost is timed through its public API
 (``frost.sdpa_forward`` with preallocated outputs: validation, routing and the
@@ -75,6 +82,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import frost  # noqa: E402
 from frost import dispatch  # noqa: E402
+from frost.engines import native  # noqa: E402
 from frost.engines.sm80 import Sm80Backward  # noqa: E402
 from frost.problem import prepare  # noqa: E402
 
@@ -537,6 +545,29 @@ def print_table(rows: list[dict]) -> None:
         print(f"max det cost ({first['direction']}): {max(r['det cost'] for r in rows):.3f}")
 
 
+def print_native_table(tables: list[list[dict]]) -> None:
+    """Whether torch's cuDNN attention beats frost's kernels on this device family (the rows are
+    frost's and cuDNN's TFLOP/s of the same shapes): ``CUDNN_FASTER_ON``'s entry, measured."""
+    major, minor = torch.cuda.get_device_capability()
+    ranked = native.CUDNN_FASTER_ON.get(major)
+    print(f"\nnative engine table, compute capability {major}.{minor} ({torch.cuda.get_device_name()}, "
+          f"torch {torch.__version__}): cuDNN speed / frost's kernels' speed on the shapes torch-cudnn serves")
+    print("| direction | shapes | min | median | max | cuDNN faster on all |")
+    print("|---|---:|---:|---:|---:|---|")
+    faster_everywhere = True
+    for rows in tables:
+        ratios = sorted(r["cudnn"] / r["frost"] for r in rows if r["d"] in native.CUDNN_HEAD_DIMS
+                        and r["cudnn"] == r["cudnn"])  # fmt: skip
+        if not ratios:
+            continue
+        faster = ratios[0] > 1.0
+        faster_everywhere &= faster
+        print(f"| {rows[0]['direction']} | {len(ratios)} | {ratios[0]:.3f} | {ratios[len(ratios) // 2]:.3f} "
+              f"| {ratios[-1]:.3f} | {'yes' if faster else 'no'} |")
+    print(f"CUDNN_FASTER_ON[{major}]: {'set' if ranked else 'not set'}; measured here: torch-cudnn "
+          f"{'should' if faster_everywhere else 'should not'} rank first on compute capability {major}.x")
+
+
 def _progress(row: dict) -> dict:
     """One line per finished row, so a run cut short still leaves its numbers."""
     shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "notes"}
@@ -563,6 +594,11 @@ def main(argv=None) -> int:
     parser.add_argument("--precompile", type=int, default=0, metavar="J",
                         help="first build every kernel the run needs in J parallel workers (disk cache)")
     args = parser.parse_args(argv)
+    with dispatch.table_order():  # frost's own kernels, where a native engine would rank first
+        return _run(args)
+
+
+def _run(args) -> int:
     if args.rope:
         return rope_main(args)
     if args.bias:
@@ -589,6 +625,8 @@ def main(argv=None) -> int:
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (TFLOP/s; ratio = frost API / torch flash)")
     for rows in tables:
         print_table(rows)
+    if not args.hdims:
+        print_native_table(tables)
     return 0
 
 

@@ -8,6 +8,8 @@ Public API:
   (``frost::sdpa_forward`` / ``frost::sdpa_backward``) that works under torch.compile
 - ``route(q, k, v, **keywords, direction="forward") -> Decision``: which engine would
   serve the call and why the ones ranked before it declined
+- ``flash_attn_func`` / ``flash_attn_varlen_func``: FlashAttention-2's function API
+  (``frost.flash_attn``), so that code written for ``flash_attn`` switches by an import
 
 The routing ledger is ``frost.dispatch.ledger``; repeated calls reuse their plan through
 ``frost.plans.cache`` (``stats()``: hits, misses). Importing frost does not import the
@@ -15,10 +17,12 @@ CuTe DSL.
 """
 from frost.api import route, sdpa_backward, sdpa_forward
 from frost.dispatch import Decision
+from frost.flash_attn import flash_attn_func, flash_attn_varlen_func
 from frost.ops import attention
 from frost import plans  # noqa: F401  (frost.plans.cache)
 from frost.problem import Grads, Problem
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
-__all__ = ["Decision", "Grads", "Problem", "attention", "route", "sdpa_backward", "sdpa_forward"]
+__all__ = ["Decision", "Grads", "Problem", "attention", "flash_attn_func", "flash_attn_varlen_func", "route",
+           "sdpa_backward", "sdpa_forward"]
