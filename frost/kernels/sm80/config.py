@@ -522,30 +522,14 @@ class BwdCombineParams(_Tiles):
     dtype: str
     flavor: str
     layout: str
-    rows_per_cta: int = 64  # key rows per CTA (fewer: more CTAs, more loads in flight)
-    # a thread loads this many splits' columns before adding them (in split order), so that
-    # their loads are in flight together
-    split_unroll: int = 1
 
     @classmethod
-    def of(cls, bwd: "BwdParams", fast: bool = True) -> "BwdCombineParams":
-        """``fast`` (the default): 16 rows per CTA and 4 splits' loads at a time (``COMBINE_FAST``);
-        otherwise 64 rows and one split at a time, the combine as it was before."""
-        return cls(dtype=bwd.dtype, flavor=bwd.flavor, layout=bwd.layout, **(COMBINE_FAST if fast else {}))
+    def of(cls, bwd: "BwdParams") -> "BwdCombineParams":
+        return cls(dtype=bwd.dtype, flavor=bwd.flavor, layout=bwd.layout)
 
     def validate(self) -> "BwdCombineParams":
-        bad = _checker(self)
-        if self.rows_per_cta not in (16, 32, 64) or self.split_unroll not in (1, 2, 4, 8):
-            bad("rows_per_cta must be 16, 32 or 64 and split_unroll 1, 2, 4 or 8")
+        _checker(self)
         return self
-
-
-# BwdCombineParams.of's default: with 64 rows and one split at a time the combine was latency-bound
-# where its grid is small; on the H200 this took it from 8.7 / 15.8 / 24.9 / 38.6 us to 6.2 / 12.0 /
-# 12.9 / 19.5 us (d64 GQA 2 and 4 splits, MQA 4 and 8) and left Hq32 / Hkv8's 4 splits (72 us,
-# memory-bound) as they were (docs/DECISIONS.md, "Backward: the split group's combine, 16 key rows
-# per CTA")
-COMBINE_FAST = dict(rows_per_cta=16, split_unroll=4)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -117,7 +117,6 @@ def admitted_bwd_params() -> list:
                 seen[BwdConvertParams.of(main, unroll)] = None
         if split == 0:
             seen[BwdCombineParams.of(main)] = None
-            seen[BwdCombineParams.of(main, fast=False)] = None
     return list(seen)
 
 
