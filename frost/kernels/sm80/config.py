@@ -476,21 +476,15 @@ class BwdConvertParams(_Tiles):
     has_window_right: bool = False
     bottom_right: bool = False
     has_window_left = False  # not a field: a left window rules out dq_slice_stores (AttentionMask reads it)
-    # the sum loads this many slices' values before adding them (in slice order), so that their
-    # loads are in flight together
-    slice_unroll: int = 1
 
     @classmethod
-    def of(cls, bwd: "BwdParams", slice_unroll: int | None = None) -> "BwdConvertParams":
-        """``slice_unroll`` (default ``SLICE_UNROLL``) applies to a sliced accumulator (``dq_slices``)
-        and is 1 otherwise."""
-        slice_unroll = slice_unroll or SLICE_UNROLL
+    def of(cls, bwd: "BwdParams") -> "BwdConvertParams":
         masked = dict(dq_slice_stores=True, tile_n=bwd.tile_n, has_seqlens=bwd.has_seqlens,
                       has_window_right=bwd.has_window_right, bottom_right=bwd.bottom_right)
         return cls(dtype=bwd.dtype, flavor=bwd.flavor, partial_hdim_qk=bwd.partial_hdim_qk, layout=bwd.layout,
                    tile_m=bwd.tile_m, num_warps=bwd.num_warps, warps_m_dq=bwd.warps_m_dq,
                    dq_reduce_width=bwd.dq_reduce_width, dq_slices=bwd.dq_slices,
-                   slice_unroll=slice_unroll if bwd.dq_slices else 1, **(masked if bwd.dq_slice_stores else {}))
+                   **(masked if bwd.dq_slice_stores else {}))
 
     def validate(self) -> "BwdConvertParams":
         bad = _checker(self)
@@ -500,17 +494,7 @@ class BwdConvertParams(_Tiles):
             bad("the dQ chunk must split evenly into the threads' reductions")
         if self.dq_slice_stores and not (self.dq_slices and self.tile_n > 0):
             bad("dq_slice_stores reads slices (dq_slices) by the main kernel's mask, which needs its tile_n")
-        if self.slice_unroll not in (1, 2, 4) or (self.slice_unroll > 1 and not self.dq_slices):
-            bad("slice_unroll must be 1, 2 or 4, and above 1 only for a sliced accumulator (dq_slices)")
         return self
-
-
-# BwdConvertParams.of's slice unroll of a sliced accumulator: 2 slices' loads before their adds took
-# the H100's deterministic converts from 26.1 / 44.3 / 27.6 / 93.2 / 386.3 us to 24.8 / 42.0 / 26.5 /
-# 92.0 / 385.6 us (d64 Hq8 / Hkv2 causal 4 and 8 slices, not causal, MQA causal, Hq32 / Hkv8 8
-# slices); 4 (208-210 registers, one CTA per SM) was slower on three of the four (docs/DECISIONS.md,
-# "bwd_convert: two slices' loads in flight")
-SLICE_UNROLL = 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -112,9 +112,6 @@ def admitted_bwd_params() -> list:
                 seen[record.validate()] = None
         seen[BwdPreParams.of(main, sinks)] = None
         seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
-        if main.dq_slices:
-            for unroll in (1, 4):  # besides config.SLICE_UNROLL's 2
-                seen[BwdConvertParams.of(main, unroll)] = None
         if split == 0:
             seen[BwdCombineParams.of(main)] = None
     return list(seen)
