@@ -210,7 +210,7 @@ def test_compiled_step_replays_as_a_cuda_graph(name):
     steps = [_on("cuda", case.steps(n % 2)) for n in range(3)]
     plain = _compiled(frost_model, backend="inductor")
     expected = [_run(plain, ids, **kwargs)[0] for ids, kwargs in steps]
-    graphed = _compiled(frost_model, mode="reduce-overhead")
+    graphed = _compiled(frost_model, backend="inductor", mode="reduce-overhead")
     counters = torch._dynamo.utils.counters
     counters.clear()
     for (ids, kwargs), logits in zip(steps, expected):  # cudagraph trees: warm up, record, replay
