@@ -30,22 +30,14 @@ With ``--variants`` the backward also runs with its bias choices forced (``BIAS_
 
 ``--variants`` adds backward columns for the engine's choices, forced one at a
 time through the plan. Deterministic mode's (``--variants det`` times only these): ``det_rec``
-(dQ recomputed by the bwd_dq pass instead of reduced in a fixed order), ``det_ordered`` (the
-ordered dQ, ``Sm80Backward(sliced_dq=False)``), ``det_cta`` (its turns taken per CTA instead of
-per warp), ``det_w1`` (it reduced one float at a time instead of 4), ``det_shared`` (the shared
-walk with CTA turns, one float at a time, ``Sm80Backward(dq_walk="shared", warp_turns=False,
-det_reduce_width=1)``: the deterministic default of masked problems before the diagonal walk),
-``det_stores`` (the sliced dQ forced, its slices written whole by the main kernel:
-``Sm80Backward(sliced_dq=True, slice_stores=True)``, the deterministic default where its slices
-fit and no left window forbids it), ``det_zeroed`` (the sliced dQ with its slices zeroed by
-bwd_pre and every key block reducing, ``slice_stores=False``), ``det_reverse`` (the sliced dQ
-with its odd rounds walking in reverse, ``slice_reverse=True``), ``det_s_w1`` (the sliced dQ
-reducing one float at a time instead of 4), ``det_comb64`` (the split group's partials combined
-64 key rows and one split at a time, ``fast_combine=False``), each with its ``cost``, its time
-over the default plan's; ``--det-variants det_stores,...`` times only the named ones (with or
-without ``--variants``). The default mode's (``--variants`` or ``--variants all``): ``w4`` (dQ
-reduced 4 floats at a time, SM90), ``t<m>x<n>`` (other main-kernel tiles), ``hf_off`` /
-``hf_on`` (launch order), ``nosplit`` (GQA group unsplit), ``comb64`` (``fast_combine=False``).
+(dQ recomputed by the bwd_dq pass instead of reduced into slices, ``Sm80Backward(dq_recompute=True)``:
+what problems whose slices would not fit take), ``det_s_w1`` (the sliced dQ reducing one float at
+a time instead of 4, as SM80 devices do), ``det_partials`` (a 2-way split group's dK and dV
+summed through fp32 partials and bwd_combine instead of clusters, ``cluster_sum=False``), each
+with its ``cost``, its time over the default plan's; ``--det-variants det_rec,...`` times only the
+named ones (with or without ``--variants``). The default mode's (``--variants`` or ``--variants
+all``): ``w4`` (dQ reduced 4 floats at a time, SM90), ``hf_off`` / ``hf_on`` (launch order),
+``nosplit`` (GQA group unsplit), ``partials`` (``cluster_sum=False``).
 ``--variants all`` adds forward columns ``f<m>x<n>w<warps>``: the forward compiled with other
 tiles (config.FWD_TILES is the default), launched on the same tensors.
 
@@ -54,6 +46,13 @@ with ``rope=(cos, sin)`` (the SM80 engines' rotation pass) against q and k rotat
 ops (SEMANTICS.md's formula in fp32, rounded to bf16, differentiable) and then
 ``frost.attention`` without RoPE; bf16, ``ROPE_SHAPES``; the ratio is the torch-rotated
 time over the fused one (target >= 1.1).
+
+frost's own kernels are timed everywhere: the run is in ``frost.dispatch.table_order()``, so on
+SM90 torch-cudnn (ranked first there) does not serve frost's columns. The default run ends with
+the native-engine table of the device's family: per direction, on the shapes torch-cudnn serves
+(the 18 above), cuDNN's time over frost's, and whether cuDNN was faster on every one of them,
+beside what ``frost.engines.native.CUDNN_FASTER_ON`` says for this family: the measurement that
+ranks torch-cudnn first, or not, on the device at hand.
 
 TFLOP/s = 2*B*H*S^2*(Dqk + Dv) (4*B*H*S^2*D when they are equal; halved for causal) / time
 for the forward; the backward counts 2.5x the forward's FLOPs. frost is timed through its public API
@@ -75,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import frost  # noqa: E402
 from frost import dispatch  # noqa: E402
+from frost.engines import native  # noqa: E402
 from frost.engines.sm80 import Sm80Backward  # noqa: E402
 from frost.problem import prepare  # noqa: E402
 
@@ -203,7 +203,7 @@ def forward_variants(default) -> dict:
     """``--variants all``: the forward's params with other tiles, by column name (tiles the
     record's validator refuses, e.g. for shared memory, are left out). For d64, 128x128 with 8
     warps is the spill-free form of the default 128x128 with 4 (sm_90: 205 registers, no stack,
-    against 255 and 96 B; benchmarks/NOTES.md, twenty-second session)."""
+    against 255 and 96 B; docs/DECISIONS.md, "Forward: tiles per head-dim flavor")."""
     import dataclasses
 
     found = {}
@@ -219,31 +219,18 @@ def forward_variants(default) -> dict:
 
 
 # deterministic mode's forced engine choices, by column name (``--variants det``, ``--det-variants``)
-DET_VARIANTS = {"det_rec": dict(ordered_dq=False), "det_ordered": dict(sliced_dq=False),
-                "det_w1": dict(sliced_dq=False, det_reduce_width=1), "det_cta": dict(warp_turns=False),
-                "det_shared": dict(dq_walk="shared", warp_turns=False, det_reduce_width=1),
-                "det_stores": dict(sliced_dq=True, slice_stores=True),
-                "det_zeroed": dict(sliced_dq=True, slice_stores=False),
-                "det_reverse": dict(sliced_dq=True, slice_reverse=True),
-                "det_s_w1": dict(sliced_dq=True, det_reduce_width=1),
-                "det_comb64": dict(sliced_dq=True, fast_combine=False),
+DET_VARIANTS = {"det_rec": dict(dq_recompute=True), "det_s_w1": dict(dq_reduce_width=1),
                 "det_partials": dict(cluster_sum=False)}
 
 
-def backward_variants(hq: int, hkv: int, d) -> dict[str, Sm80Backward]:
+def backward_variants(hq: int, hkv: int) -> dict[str, Sm80Backward]:
     """The default mode's forced engine choices ``--variants all`` times, by column name."""
-    dqk = _dims(d)[0]
     forced = {"hf_off": dict(heavy_first=False), "hf_on": dict(heavy_first=True)}
     if torch.cuda.get_device_capability() >= (9, 0):
         forced["w4"] = dict(dq_reduce_width=4)
     if hq != hkv:
         forced["nosplit"] = dict(split=1)
-        forced["comb64"] = dict(fast_combine=False)
         forced["partials"] = dict(cluster_sum=False)
-    # the wide flavors run 64x64 by default; 64x128 fits shared memory for d192x128 and d192, not d256
-    tiles = ((128, 64), (64, 128)) if dqk <= 64 else ((64, 64),) if dqk <= 128 else ((64, 128),)
-    for tm, tn in tiles:
-        forced[f"t{tm}x{tn}"] = dict(tile_mn=(tm, tn))
     return {name: Sm80Backward(**choice) for name, choice in forced.items()}
 
 
@@ -285,11 +272,8 @@ def precompile(chosen, direction: str, variants: str, jobs: int, rope: bool = Fa
                 for name in det:
                     records += Sm80Backward(**DET_VARIANTS[name]).records(det_problem)
             if variants == "all" and isinstance(engine, Sm80Backward):
-                for variant in backward_variants(hq, hkv, d).values():
-                    try:
-                        records += variant.records(problem)
-                    except ValueError:  # a tile that does not fit this flavor: backward_row skips it too
-                        pass
+                for variant in backward_variants(hq, hkv).values():
+                    records += variant.records(problem)
         if variants == "all" and direction in ("fwd", "both"):
             _, engine, problem, _ = _plan("forward", q, k, v, causal=causal)
             if engine.name == "sdpa_fwd_sm80":
@@ -326,12 +310,8 @@ def backward_row(b, s, hq, hkv, d, causal, reps_ms: int, variants: str, det: tup
                                        reps_ms) / 1e9
             row[f"{name} cost"] = row["frost_plan"] / row[name]
     if variants == "all" and decision.engine == "sdpa_bwd_sm80":
-        for name, variant_engine in backward_variants(hq, hkv, d).items():
-            try:
-                variant = variant_engine.compile(problem)
-            except ValueError as error:  # a tile that does not fit this flavor's shared memory
-                row["notes"].append(f"{name}: {str(error).rsplit(': ', 1)[-1][:60]}")
-                continue
+        for name, variant_engine in backward_variants(hq, hkv).items():
+            variant = variant_engine.compile(problem)
             space = torch.empty(variant.workspace_bytes, dtype=torch.uint8, device="cuda")
             row[name] = flops / _bench(lambda: variant.execute(tensors, out=grads, workspace=space), reps_ms) / 1e9
     for backend in TORCH_BACKENDS:
@@ -367,7 +347,7 @@ def _bias_inputs(s, d, causal):
 
 
 # how the bias reaches the scores and dbias is reduced (engines/sm80.py, backward_choices), forced,
-# by column name (``--bias --variants``): "before" is the choice of 2026-12-04's first commit (bias
+# by column name (``--bias --variants``): "before" is the bias path without those choices (bias
 # read from global memory, key blocks launched fastest or heavy-first, one float per reduction)
 BIAS_VARIANTS = {"before": dict(bias_staged=False, batch_inner=False, dbias_reduce_width=1),
                  "unstaged": dict(bias_staged=False),
@@ -517,7 +497,7 @@ def print_rope_table(rows: list[dict]) -> None:
 def print_table(rows: list[dict]) -> None:
     first = rows[0]
     named = ["split", "frost_det", "det cost", *(f"{n}{cost}" for n in DET_VARIANTS for cost in ("", " cost")), "w4",
-             "hf_off", "hf_on", "nosplit", "comb64", "t128x64", "t64x128", "t64x64"]
+             "hf_off", "hf_on", "nosplit", "partials"]
     named += sorted({c for r in rows for c in r if c.startswith("f") and c[1:2].isdigit()})  # forward variants
     extra = [c for c in named if any(c in r for r in rows)]
     cols = ["direction", "B", "S", "Hq", "Hkv", "d", "causal", "frost", "frost_plan", *extra, *TORCH_BACKENDS,
@@ -535,6 +515,29 @@ def print_table(rows: list[dict]) -> None:
               f"Hq{worst['Hq']}/{worst['Hkv']} d{worst['d']} causal={worst['causal']}")
     if "det cost" in first:
         print(f"max det cost ({first['direction']}): {max(r['det cost'] for r in rows):.3f}")
+
+
+def print_native_table(tables: list[list[dict]]) -> None:
+    """Whether torch's cuDNN attention beats frost's kernels on this device family (the rows are
+    frost's and cuDNN's TFLOP/s of the same shapes): ``CUDNN_FASTER_ON``'s entry, measured."""
+    major, minor = torch.cuda.get_device_capability()
+    ranked = native.CUDNN_FASTER_ON.get(major)
+    print(f"\nnative engine table, compute capability {major}.{minor} ({torch.cuda.get_device_name()}, "
+          f"torch {torch.__version__}): cuDNN speed / frost's kernels' speed on the shapes torch-cudnn serves")
+    print("| direction | shapes | min | median | max | cuDNN faster on all |")
+    print("|---|---:|---:|---:|---:|---|")
+    faster_everywhere = True
+    for rows in tables:
+        ratios = sorted(r["cudnn"] / r["frost"] for r in rows if r["d"] in native.CUDNN_HEAD_DIMS
+                        and r["cudnn"] == r["cudnn"])  # fmt: skip
+        if not ratios:
+            continue
+        faster = ratios[0] > 1.0
+        faster_everywhere &= faster
+        print(f"| {rows[0]['direction']} | {len(ratios)} | {ratios[0]:.3f} | {ratios[len(ratios) // 2]:.3f} "
+              f"| {ratios[-1]:.3f} | {'yes' if faster else 'no'} |")
+    print(f"CUDNN_FASTER_ON[{major}]: {'set' if ranked else 'not set'}; measured here: torch-cudnn "
+          f"{'should' if faster_everywhere else 'should not'} rank first on compute capability {major}.x")
 
 
 def _progress(row: dict) -> dict:
@@ -563,6 +566,11 @@ def main(argv=None) -> int:
     parser.add_argument("--precompile", type=int, default=0, metavar="J",
                         help="first build every kernel the run needs in J parallel workers (disk cache)")
     args = parser.parse_args(argv)
+    with dispatch.table_order():  # frost's own kernels, where a native engine would rank first
+        return _run(args)
+
+
+def _run(args) -> int:
     if args.rope:
         return rope_main(args)
     if args.bias:
@@ -589,6 +597,8 @@ def main(argv=None) -> int:
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (TFLOP/s; ratio = frost API / torch flash)")
     for rows in tables:
         print_table(rows)
+    if not args.hdims:
+        print_native_table(tables)
     return 0
 
 

@@ -3,7 +3,8 @@
     python3 benchmarks/host_overhead.py [--calls N] [--repeats R] [--threads T]
 
 The tiny shape B1 S128 H4 D64, where the work is small and the cost of the call
-around it shows. Measured, in one run, with the default engine routing:
+around it shows. Measured, in one run, with the tables' engine order (``dispatch.table_order``:
+frost's own engines, also on SM90 where torch-cudnn would rank first):
 
 - ``frost.sdpa_forward`` against ``F.scaled_dot_product_attention``;
 - ``frost.sdpa_backward`` against torch's backward alone (``autograd.grad`` on a
@@ -11,7 +12,8 @@ around it shows. Measured, in one run, with the default engine routing:
 - ``frost.attention`` forward+backward against SDPA forward+backward with autograd;
 - the same with ``torch.autograd.set_multithreading_enabled(False)``: on CUDA autograd
   otherwise runs every backward on its own device thread, where frost's Python costs
-  about twice what it costs on the calling thread (NOTES.md, fourth session).
+  about twice what it costs on the calling thread (docs/DECISIONS.md, "Host: the backward
+  served from the forward's plan").
 
 Each figure is the median over ``--repeats`` loops of ``--calls`` calls, after a
 warm-up, divided by the calls: the per-call host time. frost's and torch's loops
@@ -40,6 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import frost  # noqa: E402
+from frost import dispatch  # noqa: E402
 
 SHAPE = (1, 128, 4, 64)  # B, S, H, D
 
@@ -339,7 +342,8 @@ def main(argv=None) -> None:
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():
         devices.append(torch.device("cuda"))
-    rows = measure(devices, args.calls, args.repeats, args.warmup)
+    with dispatch.table_order():  # frost's own engines, also where a native one ranks first (SM90)
+        rows = measure(devices, args.calls, args.repeats, args.warmup)
     b, s, h, d = SHAPE
     print(f"host time per call, B{b} S{s} H{h} D{d}, frost in bf16, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; median of {args.repeats} loops of {args.calls} calls\n")  # fmt: skip

@@ -7,15 +7,15 @@ backward path's device time per kernel of its chain.
         --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \\
         python3 benchmarks/profile_bwd.py --d 64 --s 8192 --runs frost,wide,flash
     python3 benchmarks/profile_bwd.py --b 2 --s 4096 --hq 8 --hkv 1 --d 128 --causal --kernels \\
-        --runs frost,det,det_reverse,flash
+        --runs frost,det,det_rec,flash
 
 Same inputs as ``bench_sdpa.py`` (bf16; by default 16k tokens and hidden 2048, MHA; ``--b``,
 ``--hq``, ``--hkv`` set a GQA / MQA shape). ``--runs`` picks the backward paths, each run
 ``--iters`` times in the order given: ``frost`` (the routed plan), ``wide`` (dQ reduced four
 floats at a time, SM90), ``det`` (deterministic), any of ``bench_sdpa.DET_VARIANTS``' columns
-(``det_reverse``, ``det_s_w1``, ...: deterministic mode with that engine choice forced), ``flash``
+(``det_rec``, ``det_s_w1``, ...: deterministic mode with that engine choice forced), ``flash``
 (torch's FlashAttention-2 backward), or ``frost/...`` / ``det/...`` with engine choices forced
-by name (``det/split=2/dq_slices=8``, ``frost/fast_combine=False``: ``Sm80Backward``'s
+by name (``det/split=2/dq_slices=8``, ``frost/cluster_sum=False``: ``Sm80Backward``'s
 keywords). Prints each path's median time, so a profiled run can be read
 against an unprofiled one; with ``--kernels`` also the mean device time of each kernel per call
 (torch.profiler), which says what share of a path the pre, main, convert and combine kernels take.

@@ -10,6 +10,12 @@ call signature, so repeated calls go straight to ``run``. Plans execute with the
 autocast off: the API casts the inputs as autocast asks (``frost.ops``), and an engine's own
 arithmetic keeps the dtypes it chose.
 
+An engine whose ``ranks_first(problem)`` gives a reason goes ahead of the table's order for
+that problem: ``torch-cudnn`` on the device families where it measured faster than frost's own
+kernels (``frost.engines.native.CUDNN_FASTER_ON``). If it accepts, its Decision carries the
+reason (``Decision.ranked_first``); if it declines, its reason joins the others and the table's
+order serves. ``engine=`` forces an engine regardless (``engine="sm80"``: frost's kernels).
+
 Adding an engine: implement ``frost.engines.base.Engine`` for a direction and put an
 instance in ``FORWARD_ENGINES`` or ``BACKWARD_ENGINES`` at its rank. Engine modules
 must not import the CuTe DSL at import time (``import frost`` stays fast).
@@ -23,6 +29,7 @@ passes ``engine=``.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -30,20 +37,26 @@ from dataclasses import dataclass
 import torch
 
 from frost.engines.base import Declined, Engine, Plan
-from frost.engines.native import TorchSdpaBackward, TorchSdpaForward, UnfusedBackward, UnfusedForward
+from frost.engines.native import (
+    TorchCudnnBackward, TorchCudnnForward, TorchSdpaBackward, TorchSdpaForward, UnfusedBackward, UnfusedForward,
+)  # fmt: skip
 from frost.engines.sm80 import Sm80Backward, Sm80Forward
 from frost.problem import Grads, Problem, Tensors
 
-# Best first: frost's own SM80 kernels, then the native fallbacks.
+# Best first: frost's own SM80 kernels, then the native fallbacks. torch-cudnn, last, serves where
+# it ranks itself first (its measured device families) or when forced; unfused accepts every
+# problem, so nothing reaches it by rank.
 FORWARD_ENGINES: tuple[Engine, ...] = (
     Sm80Forward(),
     TorchSdpaForward(),
     UnfusedForward(),
+    TorchCudnnForward(),
 )
 BACKWARD_ENGINES: tuple[Engine, ...] = (
     Sm80Backward(),
     TorchSdpaBackward(),
     UnfusedBackward(),
+    TorchCudnnBackward(),
 )
 
 
@@ -59,8 +72,9 @@ class Decision:
     problem: Problem
     engine: str
     native: bool
-    declined: tuple[tuple[str, str], ...]  # (engine name, reason), in table order
+    declined: tuple[tuple[str, str], ...]  # (engine name, reason), in the order asked
     forced: bool
+    ranked_first: str | None = None  # why the serving engine went ahead of the table's order
 
     @property
     def direction(self) -> str:
@@ -69,7 +83,8 @@ class Decision:
     def __str__(self) -> str:
         declined = "; ".join(f"{name}: {reason}" for name, reason in self.declined)
         forced = " (forced)" if self.forced else ""
-        return f"{self.direction} -> {self.engine}{forced}" + (f" [declined: {declined}]" if declined else "")
+        ranked = f" (ranked first: {self.ranked_first})" if self.ranked_first else ""
+        return f"{self.direction} -> {self.engine}{forced}{ranked}" + (f" [declined: {declined}]" if declined else "")
 
 
 class Ledger:
@@ -142,15 +157,44 @@ class LedgerSnapshot:
 ledger = Ledger()
 
 
-def _candidates(problem: Problem, engine: str | None) -> tuple[Engine, ...]:
+_table_order_only = False  # table_order(): no engine ranks itself first
+
+
+@contextlib.contextmanager
+def table_order():
+    """Within this block no engine goes ahead of the table's order by its device family: frost's
+    own kernels rank first everywhere, as ``engine="sm80"`` forces for the calls that cannot pass
+    it (a model's attention). Benchmarks of frost's kernels run in it. Plans made outside are not
+    reused inside, nor the other way round (``Engine.generation``)."""
+    global _table_order_only
+    before, _table_order_only = _table_order_only, True
+    Engine.generation += 1
+    try:
+        yield
+    finally:
+        _table_order_only = before
+        Engine.generation += 1
+
+
+def _candidates(problem: Problem, engine: str | None) -> tuple[tuple[Engine, str | None], ...]:
+    """The engines to ask, in order, each with why it ranks first (None: the table's rank)."""
     table = engines(problem.direction)
+    if engine is None and _table_order_only:
+        return tuple((e, None) for e in table)
     if engine is None:
-        return table
+        first = [(e, why) for e in table if (why := e.ranks_first(problem)) is not None]
+        return (*first, *((e, None) for e in table if all(e is not f for f, _ in first)))
     chosen = tuple(e for e in table if engine in (e.name, e.family))
     if not chosen:
         names = ", ".join(repr(name) for name in dict.fromkeys(n for e in table for n in (e.name, e.family)))
         raise ValueError(f"engine: unknown {problem.direction} engine {engine!r} (known: {names})")
-    return chosen
+    return tuple((e, None) for e in chosen)
+
+
+def ranked(problem: Problem) -> tuple[Engine, ...]:
+    """The engines of the problem's direction in the order routing asks them (``ranks_first``
+    applied): the table's order unless an engine goes first on this problem's device."""
+    return tuple(engine for engine, _ in _candidates(problem, None))
 
 
 def _forced_decline(engine: str, reason: str) -> ValueError:
@@ -163,10 +207,11 @@ def route(problem: Problem, *, engine: str | None = None) -> Decision:
     A ``Declined`` raised by a later ``compile`` cannot be foreseen here.
     """
     declined = []
-    for candidate in _candidates(problem, engine):
+    for candidate, ranked_first in _candidates(problem, engine):
         reason = candidate.check_support(problem)
         if reason is None:
-            return Decision(problem, candidate.name, candidate.native, tuple(declined), engine is not None)
+            return Decision(problem, candidate.name, candidate.native, tuple(declined), engine is not None,
+                            ranked_first)  # fmt: skip
         if engine is not None:
             raise _forced_decline(engine, reason)
         declined.append((candidate.name, reason))
@@ -189,7 +234,7 @@ def select(problem: Problem, *, engine: str | None = None) -> Served:
     """Route and compile: the first engine that accepts and lowers ``problem``, and why
     those before it declined. Records nothing."""
     declined = []
-    for candidate in _candidates(problem, engine):
+    for candidate, ranked_first in _candidates(problem, engine):
         reason = candidate.check_support(problem)
         plan: Plan | None = None
         if reason is None:
@@ -202,7 +247,8 @@ def select(problem: Problem, *, engine: str | None = None) -> Served:
                 raise _forced_decline(engine, reason)
             declined.append((candidate.name, reason))
             continue
-        decision = Decision(problem, candidate.name, candidate.native, tuple(declined), engine is not None)
+        decision = Decision(problem, candidate.name, candidate.native, tuple(declined), engine is not None,
+                            ranked_first)  # fmt: skip
         return Served(problem, plan, decision)
     raise RuntimeError(f"no engine accepts {problem.describe()}; declined: {declined}")
 

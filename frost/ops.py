@@ -18,18 +18,26 @@ check aliasing on every call. Here the Autograd kernel is a plain
 the backend kernel calls ``frost.api`` directly.
 
 Schemas are short: the tensors (each optional one its own ``Tensor?``; a list would
-cost a pytree pass per call) and one ``int settings``, the index of the call's static
-keywords (scale, causal, causal_align, window, max_seqlen_q / _k, deterministic, engine)
-in a process-wide side table. Under ``torch.compile`` the index is computed at trace
+cost a pytree pass per call), ``max_seqlen_q`` / ``max_seqlen_k`` (``SymInt?``: under
+``torch.compile`` a packed batch's longest sequence may be a symbolic size, which no
+constant table can hold) and one ``int settings``, the index of the call's static
+keywords (scale, causal, causal_align, window, deterministic, engine, and whether the call
+was traced) in a process-wide side table. Under ``torch.compile`` the index is computed at trace
 time and baked into the graph as a constant, so a compiled graph is only meaningful in
 the process that traced it (what torch.compile does anyway); the table only grows, and
 with the distinct settings a program uses, so an index never changes meaning. Values
 are kept as given, so bad ones reach ``frost.validation`` and raise its ValueError.
 An absent dbias or dsinks travels as an empty tensor that the autograd formula turns
 back into None.
+
+A call traced by ``torch.compile`` runs with ``Options.check_lengths=False``: once its
+signature was validated, the values of seqlens / cu_seqlens are not read back on later
+calls where the launch does not need them (``frost.validation.check_values``), so a
+compiled step does not wait for the device in every layer.
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import NamedTuple
 
@@ -43,7 +51,7 @@ from frost.records import Options, Tensors
 
 # The optional tensors after the leading ones, in the order both schemas list them.
 OPTIONAL_TENSORS = ("bias", "sinks", "seqlens_q", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k", "rope_cos", "rope_sin")
-_OPTIONALS = ", ".join(f"Tensor? {name}" for name in OPTIONAL_TENSORS)
+_OPTIONALS = ", ".join(f"Tensor? {name}" for name in OPTIONAL_TENSORS) + ", SymInt? max_seqlen_q, SymInt? max_seqlen_k"
 
 _lib = torch.library.Library("frost", "FRAGMENT")
 _lib.define(f"sdpa_forward(Tensor q, Tensor k, Tensor v, {_OPTIONALS}, int settings) -> (Tensor, Tensor)")
@@ -54,7 +62,8 @@ _lib.define(
 
 
 class Settings(NamedTuple):
-    """The static keywords of one ``attention`` call, as given: each direction's Options."""
+    """The static keywords of one ``attention`` call, as given: each direction's Options
+    (their ``max_seqlen_*`` travel apart, as the ops' SymInt arguments)."""
 
     forward: Options
     backward: Options  # the same, with deterministic and bias_grad
@@ -67,21 +76,22 @@ _settings_lock = threading.Lock()
 
 
 @torch.compiler.assume_constant_result
-def settings_id(scale, causal, causal_align, window_left, window_right, max_seqlen_q, max_seqlen_k,
-                deterministic, engine, bias_grad=True) -> int:  # fmt: skip
+def settings_id(scale, causal, causal_align, window_left, window_right, deterministic, engine, bias_grad=True,
+                traced=False) -> int:  # fmt: skip
     """The side-table index of these settings (the ops' ``settings`` argument), added if new.
+    ``traced``: the call is being traced by torch.compile (its Options get ``check_lengths=False``).
 
     Raises TypeError for an unhashable value (no valid call has one; ``attention``
     then lets validation name it).
     """
-    values = (scale, causal, causal_align, window_left, window_right, max_seqlen_q, max_seqlen_k, deterministic,
-              engine, bias_grad)  # fmt: skip
+    values = (scale, causal, causal_align, window_left, window_right, deterministic, engine, bias_grad, traced)
     # type-tagged: 1 and True hash alike, and validation accepts only one of them
     key = (values, tuple(map(type, values)))
     index = _settings_index.get(key)
     if index is not None:
         return index
-    forward = Options(scale, causal, causal_align, (window_left, window_right), max_seqlen_q, max_seqlen_k, False)
+    forward = Options(scale, causal, causal_align, (window_left, window_right), None, None, False,
+                      check_lengths=not traced)  # fmt: skip
     with _settings_lock:
         index = _settings_index.get(key)
         if index is None:
@@ -98,17 +108,25 @@ def _tensors(q, k, v, bias, sinks, seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlen
                    rope_cos, rope_sin)  # fmt: skip
 
 
-def _forward_kernel(q, k, v, *optional_and_settings):
-    *optional, index = optional_and_settings
+def _unpack(rest, direction: str):
+    """The ops' trailing arguments (optional tensors, max_seqlen_q / _k, settings index) as
+    ``(optional tensors, Options, engine)``."""
+    *optional, max_seqlen_q, max_seqlen_k, index = rest
     settings = _settings[index]
-    return api.serve("forward", _tensors(q, k, v, *optional), settings.forward, settings.engine)
+    options = settings.forward if direction == "forward" else settings.backward
+    if max_seqlen_q is not None or max_seqlen_k is not None:
+        options = options._replace(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    return optional, options, settings.engine
 
 
-def _backward_kernel(do, q, k, v, o, lse, *optional_and_settings):
-    *optional, index = optional_and_settings
-    settings = _settings[index]
-    tensors = _tensors(q, k, v, *optional, o=o, lse=lse, do=do)
-    grads = api.serve("backward", tensors, settings.backward, settings.engine)
+def _forward_kernel(q, k, v, *rest):
+    optional, options, engine = _unpack(rest, "forward")
+    return api.serve("forward", _tensors(q, k, v, *optional), options, engine)
+
+
+def _backward_kernel(do, q, k, v, o, lse, *rest):
+    optional, options, engine = _unpack(rest, "backward")
+    grads = api.serve("backward", _tensors(q, k, v, *optional, o=o, lse=lse, do=do), options, engine)
 
     def or_absent(grad):  # a fresh empty tensor each: outputs may not alias
         return q.new_empty(0, dtype=torch.float32) if grad is None else grad
@@ -166,17 +184,18 @@ class _Attention(torch.autograd.Function):
     led to before (``PlanCache.serve_backward_of``). Traced calls go through the
     operators, so a compiled graph holds them.
 
-    The tensors that take no gradient (seqlens, cu_seqlens, RoPE tables) and the settings
-    index travel as one tuple, ``rest``: every argument of ``apply`` costs autograd a pass.
+    The tensors that take no gradient (seqlens, cu_seqlens, RoPE tables), max_seqlen_q / _k and
+    the settings index travel as one tuple, ``rest``: every argument of ``apply`` costs autograd
+    a pass.
     """
 
     @staticmethod
     def forward(ctx, direct, q, k, v, bias, sinks, rest):
-        *optional, index = rest
+        *optional, max_seqlen_q, max_seqlen_k, index = rest
         if direct:  # autograd runs this under no_grad already
-            settings = _settings[index]
-            served, tensors, _, _ = plans.cache.plan("forward", _tensors(q, k, v, bias, sinks, *optional),
-                                                     settings.forward, settings.engine)  # fmt: skip
+            _, options, engine = _unpack(rest, "forward")
+            served, tensors, _, _ = plans.cache.plan("forward", _tensors(q, k, v, bias, sinks, *optional), options,
+                                                     engine)  # fmt: skip
             o, lse = dispatch.run(served, tensors)
             ctx.served = served
         else:
@@ -184,7 +203,7 @@ class _Attention(torch.autograd.Function):
                 o, lse = _FORWARD(q, k, v, bias, sinks, *rest)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)  # lse's gradient is never read: no zeros for it
-        ctx.direct, ctx.settings = direct, index
+        ctx.direct, ctx.scalars = direct, (max_seqlen_q, max_seqlen_k, index)
         ctx.save_for_backward(q, k, v, o, lse, bias, sinks, *optional)
         return o, lse
 
@@ -205,8 +224,8 @@ class _Attention(torch.autograd.Function):
                 with torch.no_grad():
                     grads = _direct_backward(ctx, tensors)
             return None, grads.dq, grads.dk, grads.dv, grads.dbias, grads.dsinks, None
-        dq, dk, dv, dbias, dsinks = _BACKWARD(grad_o, q, k, v, o, lse, bias, sinks, *optional, ctx.settings)
-        dbias = dbias if bias is not None and _settings[ctx.settings].backward.bias_grad else None
+        dq, dk, dv, dbias, dsinks = _BACKWARD(grad_o, q, k, v, o, lse, bias, sinks, *optional, *ctx.scalars)
+        dbias = dbias if bias is not None and _settings[ctx.scalars[-1]].backward.bias_grad else None
         return None, dq, dk, dv, dbias, dsinks if sinks is not None else None, None
 
 
@@ -224,8 +243,8 @@ def _apply_direct(q, k, v, bias, sinks, rest):
 
 
 def _direct_backward(ctx, tensors: Tensors):
-    settings = _settings[ctx.settings]
-    return plans.cache.serve_backward_of(ctx.served, ctx.settings, tensors, settings.backward, settings.engine)
+    _, options, engine = _unpack(ctx.scalars, "backward")
+    return plans.cache.serve_backward_of(ctx.served, ctx.scalars[-1], tensors, options, engine)
 
 
 def _forward_autograd(q, k, v, bias, sinks, *rest):
@@ -280,22 +299,31 @@ def attention(
     cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
     bias: Tensor | None = None, sinks: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
-    deterministic: bool = False, engine: str | None = None,
-) -> Tensor:  # fmt: skip
-    """Differentiable attention: ``o``. Gradients flow to q, k, v, bias and sinks (a bias that
-    does not require grad gets none computed: no dbias work in the backward).
+    deterministic: bool = False, engine: str | None = None, return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
+    """Differentiable attention: ``o``, or ``(o, lse)`` with ``return_lse=True`` (lse carries no
+    gradient). Gradients flow to q, k, v, bias and sinks (a bias that does not require grad
+    gets none computed: no dbias work in the backward).
 
     Keywords as ``frost.sdpa_forward``; ``deterministic`` applies to its backward, and
     ``engine`` names an engine family and forces both directions. Works under
-    ``torch.compile``. Under autocast, q, k and v run in autocast's dtype, as sdpa's do.
+    ``torch.compile``, where ``max_seqlen_q`` / ``max_seqlen_k`` may be symbolic sizes.
+    Under autocast, q, k and v run in autocast's dtype, as sdpa's do.
     """
     q, k, v, bias = _autocast(q, k, v, bias)
     window_left, window_right = split_window(window)
     rope_cos, rope_sin = split_rope(rope)
     try:
-        settings = settings_id(scale, causal, causal_align, window_left, window_right, max_seqlen_q, max_seqlen_k,
-                               deterministic, engine, not isinstance(bias, Tensor) or bias.requires_grad)  # fmt: skip
-    except TypeError:  # an unhashable keyword, which no valid call has: let validation name it
+        if not (_size_or_none(max_seqlen_q) and _size_or_none(max_seqlen_k)):
+            raise TypeError("max_seqlen_q / max_seqlen_k")  # the ops' SymInt? arguments would refuse it unnamed
+        if isinstance(scale, float):
+            # the identity, which dynamo evaluates to a constant: under dynamic shapes a float read from a
+            # module attribute is a lazy constant that assume_constant_result cannot take as it is
+            scale = math.ldexp(scale, 0)
+        settings = settings_id(scale, causal, causal_align, window_left, window_right, deterministic, engine,
+                               not isinstance(bias, Tensor) or bias.requires_grad,
+                               torch.compiler.is_compiling())  # fmt: skip
+    except TypeError:  # an unhashable or mistyped keyword, which no valid call has: let validation name it
         api.route(
             q, k, v, scale=scale, causal=causal, causal_align=causal_align, window=window,
             seqlens_q=seqlens_q, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -303,9 +331,16 @@ def attention(
             deterministic=deterministic, engine=engine, direction="backward",
         )  # fmt: skip
         raise
-    rest = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k, rope_cos, rope_sin, settings)
+    rest = (seqlens_q, seqlens_k, cu_seqlens_q, cu_seqlens_k, rope_cos, rope_sin, max_seqlen_q, max_seqlen_k, settings)
     if not _eager(q, k, v):
-        return _FORWARD(q, k, v, bias, sinks, *rest)[0]
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(q, k, v, bias, sinks):
-        return _apply_direct(q, k, v, bias, sinks, rest)[0]
-    return _forward_kernel(q, k, v, bias, sinks, *rest)[0]
+        result = _FORWARD(q, k, v, bias, sinks, *rest)
+    elif torch.is_grad_enabled() and torch._C._any_requires_grad(q, k, v, bias, sinks):
+        result = _apply_direct(q, k, v, bias, sinks, rest)
+    else:
+        result = _forward_kernel(q, k, v, bias, sinks, *rest)
+    return result if return_lse else result[0]
+
+
+def _size_or_none(value) -> bool:
+    """Whether ``value`` fits an op's ``SymInt?`` argument: None, an int (not a bool) or a SymInt."""
+    return value is None or (isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool))

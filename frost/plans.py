@@ -14,7 +14,8 @@ and goes to ``frost.dispatch.run``, with two exceptions:
   would, and returns the extents that the values give (for packed input the longest
   sequence is part of the Problem). The kept plans are keyed by those extents too. A
   dense call without seqlens has no values to read (``validation.reads_no_values``): its
-  extents are its shapes', kept with the signature;
+  extents are its shapes', kept with the signature; a call traced by torch.compile reads
+  only what its launch needs (``Options.check_lengths``);
 - ``out=`` is checked on every call that passes it.
 
 Validation lives in ``frost.validation`` only: a signature is remembered only after
@@ -34,7 +35,7 @@ import torch
 
 from frost import dispatch, validation
 from frost.engines.base import Engine
-from frost.problem import fill_seqlens, prepare_records
+from frost.problem import bind_lengths, prepare_records
 from frost.records import Options, Tensors
 
 # Only plain tensors are keyed: a subclass may answer data_ptr() or stride() differently.
@@ -119,8 +120,8 @@ class PlanCache:
         return dispatch.run(served, tensors, out)
 
     def plan(self, direction: str, tensors: Tensors, options: Options, engine=None, out=None):
-        """``serve`` without the run: ``(served, tensors, out, cacheable)``, the tensors with
-        one-sided dense padding filled in and ``out`` checked."""
+        """``serve`` without the run: ``(served, tensors, out, cacheable)``, the tensors with their
+        length tensors bound (``frost.problem.bind_lengths``) and ``out`` checked."""
         try:
             key = signature(direction, tensors, options, engine)
             entry = self._entries.get(key)
@@ -131,7 +132,7 @@ class PlanCache:
             served = entry.lookup(extents)
             if served is not None:
                 self._hits += 1
-                tensors = fill_seqlens(served.problem, tensors)
+                tensors = bind_lengths(served.problem, tensors)
                 if out is not None:
                     out = validation.check_out(direction, out, tensors, options.bias_grad)
                 return served, tensors, out, True
@@ -172,7 +173,7 @@ class PlanCache:
         table = dispatch.engines("backward")
         if link is not None and link[1] is table and link[2] == Engine.generation:
             self._hits += 1
-            return dispatch.run(link[0], fill_seqlens(link[0].problem, tensors))
+            return dispatch.run(link[0], bind_lengths(link[0].problem, tensors))
         served, tensors, _, cacheable = self.plan("backward", tensors, options, engine)
         if key is not None and cacheable:
             if len(followers) >= 8:  # a forward plan has few backward layouts; bound it anyway

@@ -19,9 +19,10 @@ so routing and compile caches see one problem, not two spellings of it:
 - a window side at least as wide as the longest sequence is no bound (-1);
 - for packed (THD) inputs ``seqlen_q`` / ``seqlen_k`` are the longest sequence, or
   the ``max_seqlen_q`` / ``max_seqlen_k`` given by the caller (validated to be at
-  least the longest). Computing the longest sequence, like the other checks of
-  cu_seqlens and seqlens, reads those tensors on the host: one device-to-host copy
-  per call for packed or padded inputs.
+  least the longest), and ``batch`` leaves out trailing sequences empty on both sides.
+  Computing the longest sequence, like the other checks of cu_seqlens and seqlens, reads
+  those tensors on the host: one device-to-host copy per call for packed or padded inputs
+  (a call traced by torch.compile reads them only where its launch needs them).
 """
 from __future__ import annotations
 
@@ -253,7 +254,7 @@ def prepare_records(
     """
     extents = validation.validate(direction, tensors, options)
     problem = _build(direction, tensors, options, extents)
-    return problem, fill_seqlens(problem, tensors), extents
+    return problem, bind_lengths(problem, tensors), extents
 
 
 def _build(direction: str, t: Tensors, options: Options, extents: validation.Extents) -> Problem:
@@ -320,8 +321,15 @@ def _vector_aligned(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in x.stride()[:-1])
 
 
-def fill_seqlens(problem: Problem, t: Tensors) -> Tensors:
-    """Dense padding given for one side only: the other side gets its full length."""
+def bind_lengths(problem: Problem, t: Tensors) -> Tensors:
+    """The call's length tensors as plans read them: dense padding given for one side only gets
+    the full length on the other; packed cu_seqlens are cut to the problem's sequences (their
+    trailing sequences empty on both sides are not launched, ``frost.validation``)."""
+    if problem.layout == "thd":
+        if t.cu_seqlens_q.shape[0] == problem.batch + 1:
+            return t
+        return replace(t, cu_seqlens_q=t.cu_seqlens_q[: problem.batch + 1],
+                       cu_seqlens_k=t.cu_seqlens_k[: problem.batch + 1])  # fmt: skip
     if not problem.has_seqlens or (t.seqlens_q is not None and t.seqlens_k is not None):
         return t
     def full(extent: int) -> torch.Tensor:

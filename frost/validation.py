@@ -6,16 +6,22 @@ SEMANTICS.md; they judge the call's arguments, never whether an engine supports
 them (that is each engine's ``check_support``).
 
 cu_seqlens and seqlens are read on the host (one device-to-host copy each) to check
-their values and to find the longest packed sequence. Those checks are
-``check_values``: a repeated call whose shapes, strides, dtypes and options were
-validated before (``frost.plans``) still runs them, since only the values can answer.
+their values, to find the longest packed sequence and to leave out trailing sequences that
+are empty on both sides (a caller that builds cu_seqlens on the device without knowing how
+many sequences there are gives it room for more, as zero-length ones at its end). Those
+checks are ``check_values``: a repeated call whose shapes, strides, dtypes and options were
+validated before (``frost.plans``) still runs them, since only the values can answer;
+except under a CUDA-graph capture, and for calls traced by torch.compile
+(``Options.check_lengths=False``) whose launch does not need the values.
 
 This module reads the records of ``frost.records`` and never imports ``frost.problem``
 (which imports it).
 """
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -287,12 +293,14 @@ def check_values(layout: str, t: Tensors, options: Options) -> Extents:
 
     Part of ``validate``; run alone on a call whose every other fact was validated
     before (same shapes, strides, dtypes, devices and options). While the current CUDA
-    stream is capturing a graph nothing may be read back to the host: see
-    ``extents_while_capturing``.
+    stream is capturing a graph nothing may be read back to the host, and a traced call
+    (``check_lengths=False``) reads nothing that its launch does not need, dense padding and
+    packed calls that name both ``max_seqlen_*`` (a compiled step then never waits for the
+    device): see ``extents_unread``.
     """
-    if capturing(t.q):
-        return extents_while_capturing(layout, t, options)
-    return _dense_values(t) if layout == "bshd" else _packed_values(t, options)
+    if capturing(t.q) or not (options.check_lengths or _launch_reads_values(layout, options)):
+        return extents_unread(layout, t, options)
+    return _dense_values(t) if layout == "bshd" else _packed_values(t, options, options.check_lengths)
 
 
 def reads_no_values(layout: str, t: Tensors) -> bool:
@@ -306,14 +314,22 @@ def capturing(x: torch.Tensor) -> bool:
     return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def extents_while_capturing(layout: str, t: Tensors, options: Options) -> Extents:
-    """The extents of a call made under CUDA-graph capture, read from shapes and options only.
+def _launch_reads_values(layout: str, options: Options) -> bool:
+    """Whether a launch needs values read back: a packed call that does not name its longest
+    sequences (the grid covers them) does."""
+    return layout == "thd" and (options.max_seqlen_q is None or options.max_seqlen_k is None)
+
+
+def extents_unread(layout: str, t: Tensors, options: Options) -> Extents:
+    """The extents of a call whose values are not read (a CUDA-graph capture, a traced call),
+    from shapes and options only.
 
     The values of seqlens / cu_seqlens are not checked here: reading them would sync with
     the device, which a capture forbids, and a graph replays with whatever those tensors
     hold at replay time anyway (the eager call that must precede the capture checked them
-    once). Packed calls therefore name their longest sequences: ``max_seqlen_q`` and
-    ``max_seqlen_k`` are required. The longest-sequence fields are None: unknown.
+    once; a traced call's first call with its signature did). Packed calls therefore name
+    their longest sequences: ``max_seqlen_q`` and ``max_seqlen_k`` are required. The
+    longest-sequence fields are None: unknown.
     """
     if layout == "bshd":
         return Extents("bshd", t.q.shape[0], t.q.shape[1], t.k.shape[1], t.q.shape[1], t.k.shape[1])
@@ -338,20 +354,19 @@ def _dense_values(t: Tensors) -> Extents:
     return Extents("bshd", batch, seqlen_q, seqlen_k, seqlen_q, seqlen_k)
 
 
-def _check_cu_seqlens(name: str, x: torch.Tensor, rows: int, tensor: str) -> list[int]:
-    values = _check_int_vector(name, x, None)
+def _check_cu_seqlens(name: str, values: list[int], rows: int, tensor: str) -> None:
     if len(values) < 2:
         raise ValueError(f"{name}: needs at least 2 entries (one sequence), got {len(values)}")
     if values[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {values[0]}")
-    for i in range(1, len(values)):
-        if values[i] < values[i - 1]:
-            raise ValueError(
-                f"{name}: must be non-decreasing, but entry {i} ({values[i]}) < entry {i - 1} ({values[i - 1]})"
-            )
+    # map runs the comparisons in C: a traced caller's cu_seqlens has a slot per token, thousands
+    if not all(map(operator.le, values, values[1:])):
+        i = next(i for i in range(1, len(values)) if values[i] < values[i - 1])
+        raise ValueError(
+            f"{name}: must be non-decreasing, but entry {i} ({values[i]}) < entry {i - 1} ({values[i - 1]})"
+        )
     if values[-1] > rows:
         raise ValueError(f"{name}: ends at {values[-1]} but {tensor} has only {rows} rows")
-    return values
 
 
 def _check_packed(t: Tensors, options: Options) -> Extents:
@@ -368,16 +383,25 @@ def _check_packed(t: Tensors, options: Options) -> Extents:
     return _packed_values(t, options)
 
 
-def _packed_values(t: Tensors, options: Options) -> Extents:
+def _packed_values(t: Tensors, options: Options, check: bool = True) -> Extents:
+    """The extents the values of cu_seqlens give; ``check``: their checks too (a traced call's
+    repeated ones skip them, reading only what the launch needs)."""
     q, k = t.q, t.k
-    cu_q = _check_cu_seqlens("cu_seqlens_q", t.cu_seqlens_q, q.shape[0], "q")
-    cu_k = _check_cu_seqlens("cu_seqlens_k", t.cu_seqlens_k, k.shape[0], "k")
-    if len(cu_k) != len(cu_q):
-        raise ValueError(
-            f"cu_seqlens_k: describes {len(cu_k) - 1} sequences but cu_seqlens_q describes {len(cu_q) - 1}"
-        )
-    longest_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
-    longest_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+    cu_q = _check_int_vector("cu_seqlens_q", t.cu_seqlens_q, None)
+    same = t.cu_seqlens_k is t.cu_seqlens_q  # as transformers passes them for self-attention: one read
+    cu_k = cu_q if same else _check_int_vector("cu_seqlens_k", t.cu_seqlens_k, None)
+    if check:
+        _check_cu_seqlens("cu_seqlens_q", cu_q, q.shape[0], "q")
+        _check_cu_seqlens("cu_seqlens_k", cu_k, k.shape[0], "k")
+        if len(cu_k) != len(cu_q):
+            raise ValueError(
+                f"cu_seqlens_k: describes {len(cu_k) - 1} sequences but cu_seqlens_q describes {len(cu_q) - 1}"
+            )
+    longest_q = max(map(operator.sub, cu_q[1:], cu_q))
+    longest_k = longest_q if same else max(map(operator.sub, cu_k[1:], cu_k))
+    # the sequences launched: trailing ones empty on both sides add nothing (at least one stays);
+    # in a non-decreasing cu_seqlens they start where its last value first appears
+    used = max(bisect.bisect_left(cu_q, cu_q[-1]), bisect.bisect_left(cu_k, cu_k[-1]), 1)
     seqlen = []
     for name, longest in (("max_seqlen_q", longest_q), ("max_seqlen_k", longest_k)):
         given = getattr(options, name)
@@ -389,7 +413,7 @@ def _packed_values(t: Tensors, options: Options) -> Extents:
         if given < longest:
             raise ValueError(f"{name}: {given} is less than the longest sequence ({longest})")
         seqlen.append(given)
-    return Extents("thd", len(cu_q) - 1, seqlen[0], seqlen[1], longest_q, longest_k)
+    return Extents("thd", used, seqlen[0], seqlen[1], longest_q, longest_k)
 
 
 def _check_options(options: Options, direction: str) -> None:
@@ -425,7 +449,9 @@ def _check_bias(t: Tensors, extents: Extents) -> None:
     q = t.q
     if bias.dtype not in (torch.float32, q.dtype):
         raise ValueError(f"bias: dtype must be torch.float32 or q's {q.dtype}, got {bias.dtype}")
-    batch, heads = extents.batch, q.shape[-2]
+    # packed: the sequences as given (trailing empty ones are left out of the launch, not of the bias)
+    batch = extents.batch if extents.layout == "bshd" else t.cu_seqlens_q.shape[0] - 1
+    heads = q.shape[-2]
     if extents.layout == "bshd":
         want = f"[B|1={batch}|1, Hq|1={heads}|1, Sq={extents.seqlen_q}, Sk={extents.seqlen_k}]"
         fits = bias.dim() == 4 and bias.shape[2] == extents.seqlen_q and bias.shape[3] == extents.seqlen_k

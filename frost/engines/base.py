@@ -120,6 +120,11 @@ class Engine(abc.ABC):
             return f"serves the {self.direction}, not the {problem.direction}"
         return self.capabilities.decline_reason(problem)
 
+    def ranks_first(self, problem: Problem) -> str | None:
+        """Why this engine goes ahead of the table's order for this problem (a native kernel that
+        measures faster than frost's on the problem's device family), or None: the table's rank."""
+        return None
+
     @abc.abstractmethod
     def compile(self, problem: Problem) -> Plan:
         """Lower an accepted problem to a plan; may raise ``Declined``."""

@@ -30,17 +30,30 @@ private state (philox seeds, a padded lse), so on CUDA the backward declines too
 
 ``unfused`` serves every problem SEMANTICS.md describes, with plain torch ops
 (``frost.engines.unfused_math``), packed (THD) inputs one sequence at a time.
+
+``torch-cudnn`` is torch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention`` and its
+backward), for the problems it computes exactly as the contract says: dense BSHD without
+padding, bias, sinks, RoPE or windows, full or top-left causal (torch's ``is_causal``), MHA, GQA
+and MQA (K and V passed with their own head count, as ``enable_gqa`` does), head dims 64 and
+128 (those measured), Dqk == Dv, fp16 / bf16; its backward takes the given o and lse (natural
+log, as cuDNN's softmax statistics) and is not deterministic, so ``deterministic=True`` stays with
+frost. What torch itself would refuse (``torch.backends.cuda.can_use_cudnn_attention``) is
+declined when the plan is made. It is ranked first (``Engine.ranks_first``) only on the device
+families of ``CUDNN_FASTER_ON``, where it measured faster than frost's SM80 kernels; elsewhere it
+sits last in the tables, serving only when forced (``engine="torch-cudnn"``). Benchmarks of
+frost's kernels run in ``frost.dispatch.table_order()``.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
 
 from frost.engines import unfused_math
-from frost.engines.base import Capabilities, Engine, Plan, allocate_backward, allocate_forward
-from frost.problem import FEATURES, Problem, Tensors
+from frost.engines.base import Capabilities, Declined, Engine, Plan, allocate_backward, allocate_forward
+from frost.problem import FEATURES, Grads, Problem, Tensors
 
 _IO_DTYPES = frozenset({torch.float16, torch.bfloat16})
 _NEG_INF = float("-inf")
@@ -135,6 +148,122 @@ class UnfusedBackward(Engine):
 
     def compile(self, problem: Problem) -> Plan:
         return _UnfusedBackwardPlan(problem)
+
+
+# torch-cudnn -----------------------------------------------------------------------
+
+# Device families (compute capability major) where torch's cuDNN attention measured faster than
+# frost's SM80 kernels on the problems torch-cudnn serves, with the measurement that decided it.
+# ``benchmarks/bench_sdpa.py`` (its last table) measures it on the device at hand; on SM8x frost's
+# kernels are the fast path (torch itself picks FlashAttention-2 there).
+CUDNN_FASTER_ON = {
+    9: "torch's cuDNN attention measured 1.05-1.75x faster than frost's sm80 kernels on SM90 (H100, torch 2.11, "
+       "benchmarks/bench_sdpa.py: 18 dense shapes, d64 / d128, MHA / GQA / MQA, causal and full, forward and "
+       "backward)",
+}
+CUDNN_HEAD_DIMS = (64, 128)  # the head dims measured against frost's kernels
+
+TORCH_CUDNN_CAPABILITIES = Capabilities(
+    dtypes=_IO_DTYPES,
+    layouts=frozenset({"bshd"}),
+    features=frozenset({"gqa", "mqa", "causal", "strided"}),
+    device_types=frozenset({"cuda"}),
+    head_dim_multiple=8,
+    max_head_dim=max(CUDNN_HEAD_DIMS),
+    deterministic=False,  # cuDNN's backward sums dQ with atomics
+)
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability(device: str) -> tuple[int, int] | None:
+    """The compute capability of a CUDA device (``"cuda:0"``), None for other devices: the key of the
+    per-device-family tables (one function, so a device profile can answer it instead)."""
+    if not device.startswith("cuda"):
+        return None
+    return torch.cuda.get_device_capability(torch.device(device))
+
+
+class _TorchCudnnEngine(Engine):
+    """What both directions of torch-cudnn share: the support rules and the family ranking."""
+
+    name = "torch-cudnn"
+    native = True
+    capabilities = TORCH_CUDNN_CAPABILITIES
+    plan_type: type[Plan]
+
+    def check_support(self, problem: Problem) -> str | None:
+        reason = super().check_support(problem) or _torch_sdpa_decline(problem)
+        if reason is None and (problem.head_dim_qk not in CUDNN_HEAD_DIMS or problem.head_dim_v != problem.head_dim_qk):
+            reason = f"head dims {problem.head_dim_qk}/{problem.head_dim_v}: only d64 and d128 (Dqk == Dv) are measured"
+        if reason is None and not problem.vector_aligned:
+            reason = "cuDNN reads rows on 16-byte boundaries: an input's pointer or strides are not aligned"
+        return reason
+
+    def ranks_first(self, problem: Problem) -> str | None:
+        capability = compute_capability(problem.device)
+        return None if capability is None else CUDNN_FASTER_ON.get(capability[0])
+
+    def compile(self, problem: Problem) -> Plan:
+        reason = self._refused_by_torch(problem)
+        if reason is not None:
+            raise Declined(reason)
+        return self.plan_type(problem)
+
+    def _refused_by_torch(self, problem: Problem) -> str | None:
+        """Why torch's own checks would not run cuDNN here (None: they would), on small tensors of
+        the problem's heads, head dims, dtype and device."""
+        seqlen_q, seqlen_k = min(problem.seqlen_q, 64), min(problem.seqlen_k, 64)
+        q = torch.empty(1, problem.heads_q, seqlen_q, problem.head_dim_qk, dtype=problem.dtype, device=problem.device)
+        k = torch.empty(1, problem.heads_kv, seqlen_k, problem.head_dim_qk, dtype=problem.dtype, device=problem.device)
+        v = torch.empty(1, problem.heads_kv, seqlen_k, problem.head_dim_v, dtype=problem.dtype, device=problem.device)
+        params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, problem.causal, problem.group_size > 1)
+        if not torch.backends.cuda.can_use_cudnn_attention(params, False):
+            return "torch's cuDNN attention refuses this problem (torch.backends.cuda.can_use_cudnn_attention)"
+        return None
+
+
+class _TorchCudnnForwardPlan(Plan):
+    def execute(self, tensors: Tensors, *, out=None, workspace=None):
+        problem = self.problem
+        q, k, v = (x.transpose(1, 2) for x in (tensors.q, tensors.k, tensors.v))
+        o_bhsd, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, problem.causal, False, scale=problem.scale
+        )[:2]
+        lse = lse.view(problem.lse_shape)  # cuDNN's softmax statistics: [B, H, Sq, 1]
+        if out is None:
+            return o_bhsd.transpose(1, 2), lse
+        o, lse_out = out
+        o.copy_(o_bhsd.transpose(1, 2))
+        lse_out.copy_(lse)
+        return o, lse_out
+
+
+class _TorchCudnnBackwardPlan(Plan):
+    def execute(self, tensors: Tensors, *, out=None, workspace=None):
+        problem = self.problem
+        q, k, v, o, do = (x.transpose(1, 2) for x in (tensors.q, tensors.k, tensors.v, tensors.o, tensors.do))
+        lse = tensors.lse.unsqueeze(-1)
+        seed = torch.zeros((), dtype=torch.int64, device=q.device)  # dropout's seed and offset: no dropout
+        # no bias (None), no packed sequences (None, None)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            do, q, k, v, o, lse, seed, seed, None, None, None, problem.seqlen_q, problem.seqlen_k, 0.0,
+            problem.causal, scale=problem.scale,
+        )  # fmt: skip
+        grads = out if out is not None else Grads(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2))
+        if out is not None:
+            for given, computed in zip(out, (dq, dk, dv)):
+                given.copy_(computed.transpose(1, 2))
+        return grads
+
+
+class TorchCudnnForward(_TorchCudnnEngine):
+    direction = "forward"
+    plan_type = _TorchCudnnForwardPlan
+
+
+class TorchCudnnBackward(_TorchCudnnEngine):
+    direction = "backward"
+    plan_type = _TorchCudnnBackwardPlan
 
 
 # torch-sdpa ------------------------------------------------------------------------

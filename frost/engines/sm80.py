@@ -135,8 +135,9 @@ def forward_heavy_first(problem: Problem, params) -> bool:
     holds two CTAs per head (sequence x query head), as the backward's
     ``heavy_first_keeps_locality``. With more heads heavy-first runs one query block of each
     head at a time and their K / V reads stop sharing L2. Measured on the H200
-    (benchmarks/NOTES.md, eleventh session): heavy-first +5.5% at B2 S8192 H32 causal (64 heads),
-    +36% at B4 S2048 Hq8/2 causal (32); -1.5% at B4 S4096 H32 (128), -10% at B16 S1024 H32 (512).
+    (docs/DECISIONS.md, "Forward: heavy-first launch with few heads"): heavy-first +5.5% at B2
+    S8192 H32 causal (64 heads), +36% at B4 S2048 Hq8/2 causal (32); -1.5% at B4 S4096 H32
+    (128), -10% at B16 S1024 H32 (512).
     The wider flavors launch heavy-first under every right-bounded mask: they lost 3-26% without
     it, at 16 to 256 heads. A bias was not measured, so it keeps the plain order."""
     from frost.kernels.sm80.space import heavy_first_on_few_heads
@@ -150,8 +151,10 @@ class Sm80Backward(Engine):
     - the dQ reduce width: 4 floats per reduction (red.global.add.v4.f32) for d64 without a
       bias on SM90, with the dQ product first in a step (``config.bwd_params_for``): +2-3% on
       the d64 benchmark shapes on the H200, where 4 floats alone or the order alone gained
-      nothing (benchmarks/NOTES.md, twelfth session); 1 float otherwise (d128: 1-4% slower with
-      4; a bias: not measured); ``dq_reduce_width`` forces a width (2 and 4 need SM90);
+      nothing (docs/DECISIONS.md, "Backward: 4-float dQ reductions and the dQ product first for
+      d64"); 1 float otherwise (d128: 1-4% slower with 4; a bias: not measured); the sliced dQ
+      (below) 4 floats on SM90, 1 elsewhere;
+      ``dq_reduce_width`` forces a width in either mode (2 and 4 need SM90);
     - the GQA split: the query heads of a group are spread over CTAs when the unsplit grid
       would be under two waves of the device's SMs (with the sliced dQ: chosen with its slices,
       ``sliced_group_split``; ``split`` forces a count; 1 disables);
@@ -161,48 +164,23 @@ class Sm80Backward(Engine):
       launched fastest (``batch_inner``, in place of heavy-first) and two floats per reduction
       on SM90 (``dbias_reduce_width``); ``bias_batch_inner`` and ``backward_choices`` say when;
     - a float32 bias staged through shared memory where the device has room (``bias_staged``);
-    - in deterministic mode, how dQ is made: by the main kernel's reductions in a fixed order
-      (``ordered_dq``, the default: sm80/bwd.py, "Ordered dQ"), or with ``ordered_dq=False`` by
-      the ``bwd_dq`` recompute pass. Measured on the H200 (benchmarks/NOTES.md) the ordered way
-      cost less than the recompute on 16 of the 18 benchmark shapes and at most 4% more on the two others.
-      The ordered dQ's walk (sm80/order.py), ``dq_walk="auto"``: rotated for unmasked problems
-      whose key blocks of a head fit the device's SMs (one CTA each), diagonal under a
-      right-bounded mask (causal, right windows), shared otherwise; ``dq_walk="shared"``
-      forces the shared walk. ``warp_turns``: each warp waits for and releases its own turn
-      (no CTA barriers around the reductions). The ordered dQ reduces 4 floats at a time on
-      SM90 (``det_reduce_width`` forces a width): its releases wait for the reductions to land,
-      and fewer, wider ones land sooner (deterministic cost 1-4% lower on the H200, against
-      nothing gained in the default mode). For d64 the dQ product comes first in a step
-      (``dq_first``): 1.5-2.5% cheaper there, 1-3% dearer for d128 (H200, benchmarks/NOTES.md).
-      The sliced dQ (sm80/bwd.py, "Sliced dQ": no turns, each CTA reduces into a slice of its
-      own; the GQA split and the slices of least scratch among those near the least estimated
-      chain time, ``sliced_chain_seconds``, whose slices beyond the first fit
-      ``SLICED_EXTRA_SCRATCH``, or ``dq_slices`` forced) serves deterministic mode by
-      default (``sliced_dq=None``) unless the caller chose another way (``ordered_dq=False``, or
-      an ordered-walk setting: ``dq_walk="shared"``, ``warp_turns=False``) or filling the SMs
-      would take more slices than fit (``sliced_fills_the_device``): on the H200 it cost less
-      than the ordered dQ on 17 of the 18 benchmark shapes (benchmarks/NOTES.md, sixteenth
-      session). ``sliced_dq=True`` forces it, ``False`` keeps the ordered dQ. Without a left window
-      its CTAs write their slices whole (``BwdParams.dq_slice_stores``: the first key block
-      stores, the chunks the walk never reaches stay unwritten and bwd_convert skips them, so
-      bwd_pre zeroes no slice; on the H200 it cost 0.998-1.211 against 1.007-1.321 with the slices
-      zeroed, benchmarks/NOTES.md, sixteenth session); ``slice_stores=False`` keeps bwd_pre's
-      zeroing and every block's reductions. ``slice_reverse=True`` walks the odd rounds' steps in
-      reverse (``BwdParams.dq_slice_reverse``: a round starts on the chunks the one before ended
-      on; dQ bit for bit the same); off: on the H200 it cost more than the forward walk on 5 of 6
-      shapes measured (benchmarks/NOTES.md, nineteenth session). bwd_convert loads 2 slices
-      before adding them (``config.SLICE_UNROLL``: 1-5% faster on the H100); ``convert_unroll``
-      forces a count (``BwdConvertParams.slice_unroll``). Summing the slices in the main kernel
-      instead (the last slice to finish a query block sums it) was measured and removed: on the
-      H200 that chain took 1.02-1.38x this one's on all 18 benchmark shapes (benchmarks/NOTES.md,
-      twenty-fourth session).
-    - the combine of a split group's dK / dV partials: 16 key rows per CTA and 4 splits' loads at
-      a time (``config.COMBINE_FAST``; H200: 1.4-2x faster where its grid is small, the same
-      where it is memory-bound, benchmarks/NOTES.md, twentieth session); ``fast_combine=False``
-      keeps 64 rows and one split at a time;
-    - on SM90, a group split in 2 sums dK and dV in clusters of its CTAs instead
-      (``cluster_sums``, ``BwdParams.split_cluster``: no partials, no combine); ``cluster_sum``
-      False keeps the partials.
+    - in deterministic mode, how dQ is made: by the sliced dQ (sm80/bwd.py, "Sliced dQ": each
+      CTA reduces into a slice of its own, bwd_convert sums the slices in order; the GQA split and
+      the slices of least scratch among those near the least estimated chain time,
+      ``sliced_chain_seconds``, whose slices beyond the first fit ``SLICED_EXTRA_SCRATCH``, or
+      ``dq_slices`` forced), or by the ``bwd_dq`` recompute pass where filling the SMs would take
+      more slices than fit (``sliced_fills_the_device``; a forced ``dq_slices`` that does not
+      fit likewise) or with ``dq_recompute=True``. Without a left window the sliced dQ's CTAs
+      write their slices whole (``BwdParams.dq_slice_stores``: the first key block stores, the
+      chunks the walk never reaches stay unwritten and bwd_convert skips them, so bwd_pre zeroes
+      no slice; on the H200 it cost 0.998-1.211 against 1.007-1.321 with the slices zeroed,
+      docs/DECISIONS.md, "Sliced dQ: slices written whole"). Summing the slices in the main
+      kernel instead (the last slice to finish a query block sums it) was measured and removed:
+      on the H200 that chain took 1.02-1.38x this one's on all 18 benchmark shapes
+      (docs/DECISIONS.md, "bwd_convert: a separate pass sums the slices").
+    - on SM90, a group split in 2 sums dK and dV in clusters of its CTAs instead of fp32 partials
+      and bwd_combine (``cluster_sums``, ``BwdParams.split_cluster``: no partials, no combine);
+      ``cluster_sum`` False keeps the partials.
     """
 
     name = "sdpa_bwd_sm80"
@@ -212,32 +190,18 @@ class Sm80Backward(Engine):
     capabilities = SM80_CAPABILITIES
 
     def __init__(self, dq_reduce_width: int | None = None, split: int | None = None,
-                 heavy_first: bool | None = None, ordered_dq: bool = True, tile_mn: tuple[int, int] | None = None,
-                 dq_walk: str = "auto", warp_turns: bool = True, det_reduce_width: int | None = None,
-                 batch_inner: bool | None = None, dbias_reduce_width: int | None = None,
-                 bias_staged: bool | None = None, sliced_dq: bool | None = None, dq_slices: int | None = None,
-                 slice_stores: bool = True, slice_reverse: bool = False, fast_combine: bool = True,
-                 convert_unroll: int | None = None, cluster_sum: bool | None = None):
-        if dq_walk not in ("auto", "shared"):
-            raise ValueError(f"dq_walk must be 'auto' or 'shared', got {dq_walk!r}")
+                 heavy_first: bool | None = None, batch_inner: bool | None = None,
+                 dbias_reduce_width: int | None = None, bias_staged: bool | None = None,
+                 dq_slices: int | None = None, dq_recompute: bool = False, cluster_sum: bool | None = None):
         self.dq_reduce_width = dq_reduce_width
         self.split = split
         self.heavy_first = heavy_first
-        self.ordered_dq = ordered_dq
-        self.dq_walk = dq_walk
-        self.warp_turns = warp_turns
-        self.det_reduce_width = det_reduce_width
         self.batch_inner = batch_inner
         self.dbias_reduce_width = dbias_reduce_width
         self.bias_staged = bias_staged
-        self.sliced_dq = sliced_dq
         self.dq_slices = dq_slices  # forces the sliced dQ's count (dq_slice_count otherwise)
-        self.slice_stores = slice_stores  # False: the sliced dQ's slices zeroed by bwd_pre
-        self.slice_reverse = slice_reverse  # the sliced dQ's odd rounds walk in reverse (measured: dearer)
-        self.fast_combine = fast_combine  # BwdCombineParams.of(fast=...) for a split group
-        self.convert_unroll = convert_unroll  # BwdConvertParams.slice_unroll of a sliced dQ (None: SLICE_UNROLL)
+        self.dq_recompute = dq_recompute  # deterministic mode: the bwd_dq recompute instead of the sliced dQ
         self.cluster_sum = cluster_sum  # a split group's dK / dV summed in clusters (backward_choices)
-        self.tile_mn = tile_mn  # (tile_m, tile_n) of the main kernel, for measuring other tiles
 
     def check_support(self, problem: Problem) -> str | None:
         return super().check_support(problem) or sm80_decline(problem)
@@ -252,22 +216,17 @@ class Sm80Backward(Engine):
         from frost.kernels.sm80.config import BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams
 
         def choices(sliced_dq: bool):
-            return backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first, self.ordered_dq,
-                                    self.tile_mn, self.dq_walk, self.warp_turns, self.det_reduce_width,
-                                    self.batch_inner, self.dbias_reduce_width, self.bias_staged, sliced_dq,
-                                    self.slice_stores, self.slice_reverse, self.cluster_sum)
+            return backward_choices(problem, self.dq_reduce_width, self.split, self.heavy_first, self.batch_inner,
+                                    self.dbias_reduce_width, self.bias_staged, sliced_dq, self.cluster_sum)
 
-        sliced = self.sliced_dq
-        if sliced is None:  # the default: sliced in deterministic mode unless another way was chosen
-            sliced = problem.deterministic and self.ordered_dq and self.dq_walk == "auto" and self.warp_turns
-        main, splits = choices(sliced)
-        if self.sliced_dq is None and main.dq_slices:  # the ordered dQ where the slices do not fit
-            forced = self.dq_slices
-            if not (extra_slices_fit(problem, forced) if forced else sliced_fills_the_device(problem, main)):
-                main, splits = choices(False)
+        main, splits = choices(problem.deterministic and not self.dq_recompute)
+        forced = self.dq_slices
+        if main.dq_slices and not (extra_slices_fit(problem, forced) if forced
+                                   else sliced_fills_the_device(problem, main)):
+            main, splits = choices(False)  # the slices would not fit: the recompute
         pre = BwdPreParams.of(main, problem.has_sinks)
-        last = BwdConvertParams.of(main, self.convert_unroll) if main.reduces_dq else BwdDqParams.of(main)
-        combine = (BwdCombineParams.of(main, self.fast_combine),) if splits > 1 and not main.split_cluster else ()
+        last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
+        combine = (BwdCombineParams.of(main),) if splits > 1 and not main.split_cluster else ()
         return (pre, main, last, *combine), splits
 
     def slice_count(self, problem: Problem, main, splits: int) -> int:
@@ -328,60 +287,47 @@ def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
 
 
 def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=None, heavy_first=None,
-                     ordered_dq: bool = False, tile_mn: tuple[int, int] | None = None, dq_walk: str = "shared",
-                     warp_turns: bool = False, det_reduce_width: int | None = 1, batch_inner: bool | None = False,
-                     dbias_reduce_width: int | None = 1, bias_staged: bool | None = False, sliced_dq: bool = False,
-                     slice_stores: bool = True, slice_reverse: bool = False, cluster_sum: bool | None = False):
+                     batch_inner: bool | None = False, dbias_reduce_width: int | None = 1,
+                     bias_staged: bool | None = False, sliced_dq: bool = False, cluster_sum: bool | None = False):
     """The main kernel's params and the GQA split count for a problem (see Sm80Backward).
-    ``cluster_sum``: a split group's dK and dV summed in clusters (``cluster_sums``: None, the
-    device's default) where the walk and the shared memory allow (``BwdParams.split_cluster``).
-    ``dq_reduce_width`` None: ``default_dq_reduce_width``; ``det_reduce_width`` None: 4 on SM90,
-    else 1. For a dbias reduced over broadcast dims, ``batch_inner`` None: ``bias_batch_inner``
-    unless ``heavy_first`` is forced; ``dbias_reduce_width`` None: 2 floats per reduction on
-    SM90 where the accumulator's rows are 8-byte aligned (it is contiguous: an even Sk), else 1.
-    ``bias_staged`` None: a float32 bias tile comes through shared memory (cp.async a step
-    ahead) where the device has the room; read where the scores need it, it cost half the step
-    (H200, benchmarks/NOTES.md)."""
+    ``sliced_dq``: deterministic, the sliced dQ (else the bwd_dq recompute). ``cluster_sum``: a
+    split group's dK and dV summed in clusters (``cluster_sums``: None, the device's default)
+    where the shared memory allows (``BwdParams.split_cluster``). ``dq_reduce_width`` None:
+    ``default_dq_reduce_width``, with the sliced dQ 4 on SM90, else 1. For a dbias reduced over
+    broadcast dims, ``batch_inner`` None: ``bias_batch_inner`` unless ``heavy_first`` is forced;
+    ``dbias_reduce_width`` None: 2 floats per reduction on SM90 where the accumulator's rows are
+    8-byte aligned (it is contiguous: an even Sk), else 1. ``bias_staged`` None: a float32 bias
+    tile comes through shared memory (cp.async a step ahead) where the device has the room; read
+    where the scores need it, it cost half the step (H200, docs/DECISIONS.md, "Backward: float32
+    bias staged through shared memory")."""
     from frost.kernels.sm80.config import bwd_params_for
 
     sliced_dq = sliced_dq and problem.deterministic
-    ordered_dq = ordered_dq and not sliced_dq
-    if problem.deterministic and (ordered_dq or sliced_dq):
-        dq_reduce_width = det_reduce_width or (4 if _problem_sm90(problem) else 1)
-    elif dq_reduce_width is None:
-        dq_reduce_width = default_dq_reduce_width(problem)
+    if dq_reduce_width is None:
+        dq_reduce_width = (4 if _problem_sm90(problem) else 1) if sliced_dq else default_dq_reduce_width(problem)
     main = bwd_params_for(
         dtype=_DTYPE_NAMES[problem.dtype], head_dim_qk=problem.head_dim_qk, head_dim_v=problem.head_dim_v,
         layout=problem.layout, has_seqlens=problem.has_seqlens, window_left=problem.window_left,
         window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
-        deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_ordered=ordered_dq,
-        dq_slices=sliced_dq, bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
-        bias_grad=problem.bias is None or problem.bias.grad, dq_slice_stores=slice_stores,
-        dq_slice_reverse=slice_reverse,
+        deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_slices=sliced_dq,
+        bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
+        bias_grad=problem.bias is None or problem.bias.grad,
     )
-    if tile_mn is not None:  # as the default tiles: tile_m // 32 of the 8 dQ warps along M, the rest along D
-        main = dataclasses.replace(main, tile_m=tile_mn[0], tile_n=tile_mn[1], warps_m_dq=tile_mn[0] // 32)
     sms = _problem_sms(problem)
     if split is None:
         split = sliced_group_split(problem, main) if main.dq_slices else group_split(problem, main.tile_n, sms)
     split = math.gcd(split, problem.heads_q // problem.heads_kv)  # a forced count must divide the group
-    walk = main.dq_walk
-    if main.dq_ordered and dq_walk != "shared":
-        walk = ordered_walk(main, math.ceil(problem.seqlen_k / main.tile_n), sms)
     if batch_inner is None:
         batch_inner = heavy_first is None and bias_batch_inner(problem, main)
     if main.dq_slices:  # the grid's x holds the slices: no other launch order
         heavy_first, batch_inner = False, False
-    elif main.dq_ordered:  # the walk decides the launch order (sm80/order.py)
-        heavy_first = walk == "shared"
     elif heavy_first is None:
         heavy_first = main.has_window_right and not batch_inner and heavy_first_keeps_locality(problem, split, sms)
     if not main.dbias_reduce or problem.bias.shape[-1] % 2:  # no reductions, or rows not 8-byte aligned
         dbias_reduce_width = 1
     elif dbias_reduce_width is None:
         dbias_reduce_width = 2 if _problem_sm90(problem) else 1
-    main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first, dq_walk=walk,
-                               dq_warp_turns=main.dq_ordered and warp_turns, batch_inner=batch_inner,
+    main = dataclasses.replace(main, split_group=split > 1, heavy_first=heavy_first, batch_inner=batch_inner,
                                dbias_reduce_width=dbias_reduce_width)
     if bias_staged is None:
         bias_staged = main.bias_dtype == "float32"
@@ -397,8 +343,8 @@ def cluster_sums(problem: Problem, main, split: int, forced: bool | None = None)
     through fp32 partials and bwd_combine: by default (``forced`` None) and when forced, for a
     split that is a cluster size (config.SPLIT_CLUSTERS: 2) where ``main`` allows it
     (``BwdParams.cluster_fits``), on SM90 only. Measured (H100,
-    benchmarks/NOTES.md, twenty-fifth session): with 2 splits the main kernel took about what the
-    combine saved, and the chain is one launch shorter."""
+    docs/DECISIONS.md, "Backward: cluster sum of a 2-way split"): with 2 splits the main kernel
+    took about what the combine saved, and the chain is one launch shorter."""
     from frost.kernels.sm80.config import SPLIT_CLUSTERS
 
     return (forced is not False and split in SPLIT_CLUSTERS[1:] and main.cluster_fits(split)
@@ -424,8 +370,8 @@ def heavy_first_keeps_locality(problem: Problem, split: int, sm_count: int) -> b
     flavors' 64x64 tiles those reads go to DRAM. Key blocks fastest (the plain order) runs a
     head's key blocks together instead. So heavy-first stays where a wave holds at least two
     CTAs per head; there are then few heads, few waves, and its balance is what pays (causal
-    GQA/MQA: 1.2-1.5x, benchmarks/NOTES.md 2026-12-03 12:05). Measured on the H200
-    (benchmarks/NOTES.md, eleventh session): without heavy-first d256 / d192 / d192x128 B16
+    GQA/MQA: 1.2-1.5x). Measured on the H200 (docs/DECISIONS.md, "Backward: heavy-first launch
+    while a wave holds two CTAs per head"): without heavy-first d256 / d192 / d192x128 B16
     S1024 causal ran 1.30x / 1.34x / 1.40x faster; with it d256 B4 S4096 causal (32 heads) 1.04x
     faster."""
     return 2 * problem.batch * problem.heads_kv * split <= sm_count
@@ -436,47 +382,16 @@ def bias_batch_inner(problem: Problem, main) -> bool:
     reduced over the batch, so that the sequences adding into one tile run together and their
     reductions (and bias reads) meet in L2. Launched key blocks fastest, or heavy-first, they
     are a batch or a head's worth of CTAs apart (H200, [1, H, S, S] float32 bias: backward
-    1.05-1.3x faster, causal ones too, where it replaces heavy-first; benchmarks/NOTES.md)."""
-    return main.dbias_reduce and problem.bias.broadcast_batch and problem.batch > 1 and not main.dq_ordered
-
-
-def ordered_walk(main, key_blocks: int, sms: int) -> str:
-    """The ordered dQ's cheapest safe walk (sm80/order.py): diagonal under a right-bounded mask;
-    rotated for unmasked problems while a head's key blocks (one CTA each, all waiting on one
-    another) fit on the device at once; the shared walk otherwise."""
-    if main.has_window_right:
-        return "diagonal"
-    if not main.has_window_left and key_blocks <= sms:
-        return "rotated"
-    return "shared"
-
-
-# the diagonal walk launches a head at a time (highest key block first) from this many waves of
-# CTAs on: its tail is then short, and no CTA waits on one launched after it; below, in groups
-# of heads, heaviest first (H200, causal: MHA d64 at 4096 CTAs 4-6% cheaper a head at a time;
-# d128 at 2048 1-2% dearer; GQA / MQA at 256-512, 30-45% dearer; benchmarks/NOTES.md)
-HEAD_AT_A_TIME_WAVES = 24
-
-
-def launch_group(problem: Problem, main, splits: int) -> int:
-    """How many heads' CTAs the diagonal walk launches together (sm80/order.py): 0 (a head at a
-    time, highest key block first) for grids of HEAD_AT_A_TIME_WAVES or more, or when one head's
-    key blocks outnumber the device's SMs; else as many heads as fit on the SMs at once, one CTA
-    each. 0 for the other walks, which ignore it."""
-    if main.dq_walk != "diagonal":
-        return 0
-    sms = _problem_sms(problem)
-    key_blocks = max(math.ceil(problem.seqlen_k / main.tile_n), 1)
-    if key_blocks * problem.heads_kv * splits * problem.batch >= HEAD_AT_A_TIME_WAVES * sms:
-        return 0
-    return sms // key_blocks
+    1.05-1.3x faster, causal ones too, where it replaces heavy-first; docs/DECISIONS.md,
+    "Backward: sequences launched fastest for a dbias summed over the batch")."""
+    return main.dbias_reduce and problem.bias.broadcast_batch and problem.batch > 1
 
 
 # the sliced dQ's most slices: each is a whole fp32 dQ accumulator that the main kernel writes
 # whole (or bwd_pre zeroes) and bwd_convert reads back
 MAX_DQ_SLICES = 8
 # the sliced dQ's slices beyond the first take at most this; deterministic mode's default takes the
-# ordered dQ where filling the SMs would take more (the default mode's accumulator is one slice already)
+# bwd_dq recompute where filling the SMs would take more (the default mode's accumulator is one slice already)
 SLICED_EXTRA_SCRATCH = 1 << 30
 
 
@@ -486,13 +401,13 @@ SLICED_EXTRA_SCRATCH = 1 << 30
 # rows each key block's pass streams, read once for the slices of a head (they run together), at
 # SLICED_STREAM_BYTES; and the bytes the split's fp32 partials (written by the main kernel, read
 # by bwd_combine) and the slices (read by bwd_convert) move at SLICED_PASS_BYTES. Fitted on the
-# H200's GQA shapes (benchmarks/NOTES.md, twentieth session): it picks the measured best or within
-# 1.6% of it, e.g. Hq32 / Hkv8 B2 S4096 d128 unsplit with 8 slices (3% faster than split 4 with 2
-# slices, 8% on the H100), d64 Hq8 / Hkv2 split 4 x 4. The streaming term from the H100's MHA
-# shapes (twenty-first session): with one or two slices a head's q and dO went from memory once
-# per key block; the chains of the plans it now picks cost 1.040-1.128x the default's kernel
-# time where those cost 1.075-1.184x. Among the plans within SLICED_PLAN_SLACK of the least
-# estimate, the one of least scratch.
+# H200's GQA shapes (docs/DECISIONS.md, "Sliced dQ: plan by the estimated chain time"): it picks
+# the measured best or within 1.6% of it, e.g. Hq32 / Hkv8 B2 S4096 d128 unsplit with 8 slices
+# (3% faster than split 4 with 2 slices, 8% on the H100), d64 Hq8 / Hkv2 split 4 x 4. The
+# streaming term from the H100's MHA shapes: with one or two slices a head's q and dO went from
+# memory once per key block; the chains of the plans it now picks cost 1.040-1.128x the
+# default's kernel time where those cost 1.075-1.184x. Among the plans within SLICED_PLAN_SLACK of
+# the least estimate, the one of least scratch.
 SLICED_MAIN_FLOPS = 300e12
 SLICED_PASS_BYTES = 3.3e12
 SPLIT_MAIN_COST = 0.05
@@ -596,7 +511,7 @@ def sliced_fills_the_device(problem: Problem, main) -> bool:
     """Whether the plan of least ``sliced_chain_seconds`` without the streaming term (the SMs its
     grid keeps busy, and the passes' byte counts) fits SLICED_EXTRA_SCRATCH. Not (a long sequence
     of few heads, whose slices within the bound would leave SMs idle): deterministic mode takes the
-    ordered dQ, which launches every key block at once."""
+    bwd_dq recompute, whose main kernel launches every key block at once and needs no scratch for dQ."""
     plans = _sliced_plans(problem, main)
     return extra_slices_fit(problem, min(plans, key=lambda plan: (
         sliced_chain_seconds(problem, main, *plan, streaming=False), _scratch_units(problem, plan)))[1])
@@ -704,8 +619,7 @@ class _Sm80ForwardPlan(Plan):
 class _Workspace:
     """The backward's scratch, carved from one byte buffer: D and lse2 (lse-shaped fp32);
     the flat fp32 dQ accumulator (default mode, and ``slices`` of it for the sliced deterministic
-    dQ; layout in sm80/seqlen.py) and, ordered deterministic mode, int32 counters per query
-    block; per-block dsink partials (with sinks); fp32 dK / dV partials (split GQA groups); for
+    dQ; layout in sm80/seqlen.py); per-block dsink partials (with sinks); fp32 dK / dV partials (split GQA groups); for
     a broadcast bias (kernels/sm80/bias.py) fp32 dbias partials [B, Hq, Sq, Sk] (deterministic
     mode: 4 bytes per element, B*Hq/(B'*H') times the bias's element count) or, default mode
     with a bias in the io dtype, an fp32 accumulator shaped like the bias."""
@@ -722,9 +636,6 @@ class _Workspace:
             else:
                 accum = (p.batch, heads, math.ceil(p.seqlen_q / main.tile_m) * main.dq_chunk)
             self.parts.append(("dq_accum", accum))
-        if main.dq_ordered:  # int32, dq_turn_slots per (sequence, head, query block)
-            blocks = math.ceil(p.seqlen_q / main.tile_m)
-            self.parts.append(("dq_counters", (p.batch, p.heads_q, blocks * main.dq_turn_slots)))
         if p.has_sinks:
             self.parts.append(("dsink_partial", (p.heads_q, p.batch * pre.num_m_blocks(p.seqlen_q))))
         if main.dbias_dtype is not None and bias_broadcast(p):
@@ -746,15 +657,13 @@ class _Workspace:
         self.nbytes = offset
 
     def carve(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The parts as views of ``buffer`` (bytes): one strided view each, as few operators
-        as the dtypes allow (each costs host time on every call)."""
+        """The parts as float32 views of ``buffer`` (bytes): one strided view each (each operator
+        costs host time on every call)."""
         words = buffer.view(torch.float32)
-        ints = words.view(torch.int32) if "dq_counters" in self.words else None
         views = {}
         for name, shape in self.parts:
-            base = ints if name == "dq_counters" else words
             offset, strides = self.words[name]
-            views[name] = base.as_strided(shape, strides, base.storage_offset() + offset)
+            views[name] = words.as_strided(shape, strides, words.storage_offset() + offset)
         return views
 
 
@@ -762,8 +671,7 @@ class _KeptScratch:
     """A backward plan's own workspace, kept for the next call when it is small.
 
     The next call on the same stream may reuse it: its kernels start after this call's
-    (stream order), and the chain rewrites what it reads (bwd_pre zeroes the accumulator and
-    counters). A call on another stream gets a fresh buffer, which is then the one kept (the
+    (stream order), and the chain rewrites what it reads (bwd_pre zeroes the accumulator). A call on another stream gets a fresh buffer, which is then the one kept (the
     old one goes back to the caching allocator, which orders its reuse after the old
     stream's work). Under a graph capture the buffer is always fresh: a graph owns its
     memory. Workspaces above ``PER_PLAN`` bytes, or past ``TOTAL`` bytes kept over all
@@ -828,7 +736,7 @@ class _Sm80BackwardPlan(Plan):
         self.params = params  # (pre, main, convert or deterministic dq[, combine])
         self.slices = slices  # the sliced dQ's (its accumulator's head axis carries the count to the kernels)
         self._launch = BwdLaunch(*compiled[:3], compiled[3] if len(compiled) > 3 else None, splits,
-                                 launch_group(problem, params[1], splits), params[0].accum_tile_m > 0,
+                                 params[0].accum_tile_m > 0,
                                  params[1].dq_slice_stores,
                                  problem.scale, problem.window_left, problem.window_right, problem.batch,
                                  problem.seqlen_q, problem.seqlen_k)
@@ -840,11 +748,6 @@ class _Sm80BackwardPlan(Plan):
     def splits(self) -> int:
         """The GQA group's split count (its dK / dV partials combined by bwd_combine)."""
         return self._launch.splits
-
-    @property
-    def launch_group(self) -> int:
-        """The diagonal walk's heads launched together (``launch_group``)."""
-        return self._launch.launch_group
 
     @property
     def workspace_bytes(self) -> int:

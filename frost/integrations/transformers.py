@@ -46,11 +46,27 @@ Sinks (gpt-oss's ``s_aux``) -> ``sinks`` (float32, differentiable). T5's ``posit
 ([1, H, Sq, Sk], learned) -> ``bias`` (differentiable: dbias reaches the relative-position
 embedding), except with packed sequences, whose positions restart where the bias's do not.
 
-The analysis reads mask values, so under ``torch.compile`` a masked call breaks the
-graph (``fullgraph=True`` fails; the default compile runs, each layer's attention between
-two graphs); an unmasked (plain causal) call traces through ``frost.attention``. With torch
-before 2.14 transformers builds the mask even for plain causal calls while compiling (its
-skip test cannot run under dynamo there), so every call is a masked one.
+Under ``torch.compile`` nothing is read on the host, so ``fullgraph=True`` traces a model whole
+and a step at the same shapes reuses its graph. The mask function (``frost_mask``) then gives
+what transformers gives its flash-attention path: None, or the 2-D padding mask; the attention
+function takes causality from the module, the window from the ``sliding_window`` keyword, sinks
+from ``s_aux``, and (``_traced_plan``):
+
+- a padding mask -> each row's valid tokens moved first, in order (a gather of q, k, v and back
+  of the output: padding on either side, as transformers' flash path unpads it) and
+  ``seqlens_k`` = the valid counts; padded query rows then see every valid key, as right-padded
+  ones do under sdpa, and the loss ignores them;
+- ``cu_seq_lens_q/k`` and ``max_length_q/k`` (DataCollatorWithFlattening's keywords) -> THD
+  with those (``max_length`` may be a symbolic size under dynamic shapes);
+- restarting ``position_ids`` in a batch of one row (the flattening collator's shape; in a wider
+  batch they are not read as packing, as in transformers' flash path) -> THD with a
+  ``cu_seqlens`` of one slot per token built on the device; frost reads it back once per call
+  (a launch needs the number of sequences), so a compiled step is not captured in a CUDA graph
+  on this route (pass ``cu_seq_lens_*`` and ``max_length_*`` for that);
+- whatever frost does not serve falls back, inside the graph, to sdpa with the boolean mask
+  transformers' sdpa builder would have made (built on the device from the keywords), and the
+  reason is counted while tracing. Masks only sdpa's builder can make (overlays such as image
+  tokens' bidirectional blocks, chunked attention, a cache) come as 4-D masks and fall back.
 """
 from __future__ import annotations
 
@@ -72,15 +88,19 @@ _IO_DTYPES = (torch.float16, torch.bfloat16)
 
 
 class MaskPlan(NamedTuple):
-    """The frost keywords that reproduce one 4-D mask exactly."""
+    """The frost keywords that serve one call: read from its 4-D mask (eager), or from its
+    arguments while torch.compile traces it."""
 
     packed: bool
     causal: bool
     causal_align: str
     window_left: int
     seqlens_k: torch.Tensor | None  # int32 [B], dense only
-    cu_seqlens: torch.Tensor | None  # int32 [segments + 1], packed only (q and k share it)
+    cu_seqlens: torch.Tensor | None  # int32 [segments + 1], packed only (q's; k's too unless cu_seqlens_k)
     max_seqlen: int | None
+    cu_seqlens_k: torch.Tensor | None = None  # packed: k's, where it differs from q's
+    max_seqlen_k: int | None = None
+    order: torch.Tensor | None = None  # dense, traced: each row's positions, valid tokens first [B, S]
 
 
 # ---------------------------------------------------------------------------------------
@@ -96,8 +116,29 @@ def register(name: str = NAME) -> None:
     except ImportError as error:  # before transformers 4.53 there is no mask interface
         raise ImportError("frost's transformers adapter needs transformers >= 4.53 (masking_utils)") from error
     AttentionInterface.register(name, frost_attention_forward)
-    # the sdpa mask builder, looked up rather than imported by name: its name moved between versions
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionMaskInterface.register(name, frost_mask)
+
+
+def frost_mask(**arguments):
+    """The mask function registered with "frost": transformers' sdpa mask builder (the 4-D mask
+    that eager calls read and verify), except while torch.compile traces a call that starts at
+    position 0 with as many queries as keys and a standard mask: then, as transformers' mask
+    function for flash attention, the 2-D padding mask (or None), whose values are never read
+    on the host (``_traced_plan``)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    # looked up rather than imported by name: its name moved between versions
+    sdpa = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    if not torch.compiler.is_compiling():
+        return sdpa(**arguments)
+    padding, kv_length = arguments.get("attention_mask"), arguments["kv_length"]
+    positions = arguments.get("cache_position")  # transformers before 5 names the queries by position
+    q_length = arguments["q_length"] if positions is None else positions.shape[0]
+    offset = arguments.get("q_offset", 0)
+    custom = arguments.get("use_vmap") or getattr(arguments.get("config"), "attention_chunk_size", None)
+    if custom or q_length != kv_length or arguments.get("kv_offset", 0) != 0 or not isinstance(offset, int) or offset:
+        return sdpa(**arguments)  # an overlay, chunks, or a cache: a mask that only sdpa's builder makes
+    return None if padding is None else padding[:, -kv_length:]
 
 
 _fallback_counts: Counter[str] = Counter()
@@ -116,12 +157,14 @@ def reset_fallbacks() -> None:
         _fallback_counts.clear()
 
 
-def _note_fallback(reason: str) -> None:
+@torch.compiler.assume_constant_result  # under torch.compile: run once, while tracing, not in the graph
+def _note_fallback(reason: str) -> bool:
     with _fallback_lock:
         first = reason not in _fallback_counts
         _fallback_counts[reason] += 1
     if first:  # once per reason: a training loop would log it in every layer of every step
         logger.warning("frost attention falls back to transformers' implementation: %s", reason)
+    return first
 
 
 def _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
@@ -195,15 +238,20 @@ def frost_attention_forward(
     """transformers' attention-function signature: q, k, v as [B, H, S, D], returns
     (attn_output [B, Sq, Hq, Dv] contiguous, None)."""
     reason = _unsupported(query, key, value, dropout, kwargs)
+    traced = torch.compiler.is_compiling()
     plan = None
-    if reason is None and attention_mask is not None:
+    if traced:
+        plan = _traced_plan(attention_mask, module, query, is_causal, kwargs)
+    elif reason is None and attention_mask is not None:
         plan = _plan_for(attention_mask, module, kwargs)
-        if isinstance(plan, str):
-            reason, plan = plan, None
     bias = kwargs.get("position_bias")
-    if reason is None and bias is not None and plan is not None and plan.packed:
-        reason = "position_bias with packed sequences (its positions are the row's, frost's restart per sequence)"
+    if isinstance(plan, str):
+        reason, plan, traced = reason or plan, None, False  # the mask as given is sdpa's
+    elif reason is None and bias is not None and plan is not None and (plan.packed or plan.order is not None):
+        reason = "position_bias with packed sequences or reordered padding (its positions are the row's)"
     if reason is not None:
+        if traced:  # sdpa gets the mask that transformers' sdpa builder would have made
+            attention_mask = _traced_mask(plan, attention_mask, query, key.shape[2])
         return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
 
     sinks = kwargs.get("s_aux")
@@ -220,18 +268,120 @@ def frost_attention_forward(
                               bias=bias)  # fmt: skip
     elif plan.packed:
         batch, seqlen = q.shape[:2]
+        own_k = plan.cu_seqlens_k is not None  # else k's sequences are q's
         out = frost.attention(
-            q.reshape(batch * seqlen, *q.shape[2:]), k.reshape(batch * seqlen, *k.shape[2:]),
-            v.reshape(batch * seqlen, *v.shape[2:]), scale=scaling, causal=True, window=(plan.window_left, 0),
-            cu_seqlens_q=plan.cu_seqlens, cu_seqlens_k=plan.cu_seqlens,
-            max_seqlen_q=plan.max_seqlen, max_seqlen_k=plan.max_seqlen, sinks=sinks,
+            q.reshape(batch * seqlen, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
+            scale=scaling, causal=plan.causal, window=(plan.window_left, 0 if plan.causal else -1),
+            cu_seqlens_q=plan.cu_seqlens, cu_seqlens_k=plan.cu_seqlens_k if own_k else plan.cu_seqlens,
+            max_seqlen_q=plan.max_seqlen, max_seqlen_k=plan.max_seqlen_k if own_k else plan.max_seqlen, sinks=sinks,
         ).view(batch, seqlen, *q.shape[2:3], v.shape[-1])  # fmt: skip
     else:
+        if plan.order is not None:  # valid tokens first, in their order: right padding
+            q, k, v = (_along_rows(x, plan.order) for x in (q, k, v))
         out = frost.attention(
             q, k, v, scale=scaling, causal=plan.causal, causal_align=plan.causal_align,
             window=(plan.window_left, 0 if plan.causal else -1), seqlens_k=plan.seqlens_k, sinks=sinks, bias=bias,
         )  # fmt: skip
+        if plan.order is not None:
+            out = _along_rows(out, torch.argsort(plan.order, dim=1))
     return out.contiguous(), None
+
+
+def _along_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``x`` [B, S, ...] with each row's positions taken in ``order`` [B, S] (differentiable)."""
+    return x.gather(1, order.view(*order.shape, *(1,) * (x.dim() - 2)).expand_as(x))
+
+
+# ---------------------------------------------------------------------------------------
+# a call traced by torch.compile: keywords from the arguments, no value read on the host
+
+
+def _traced_plan(mask, module, query, is_causal, kwargs) -> MaskPlan | str | None:
+    """The keywords of a call that torch.compile traces, read as transformers' flash-attention
+    path reads them (``frost_mask`` gave a 2-D padding mask or None): causality from the
+    module, the window from the ``sliding_window`` keyword, packing from ``cu_seq_lens_q/k`` (+
+    ``max_length_q/k``) or, in a batch of one row, from restarting ``position_ids``; a padding
+    mask keeps each row's valid tokens first, in order. None: plain sdpa-style causal.
+    Nothing here reads a tensor's values, so the graph does not break; ``frost.attention``'s
+    traced ops read back only what a launch needs (a packed call without ``max_length``)."""
+    batch, seqlen = query.shape[0], query.shape[2]
+    if mask is not None and mask.dim() != 2:
+        return f"a {mask.dim()}-D attention mask under torch.compile (its values cannot be read while tracing)"
+    causal = _sdpa_causal(module, query, is_causal)
+    window = kwargs.get("sliding_window")
+    window_left = window - 1 if window is not None and window > 0 else -1
+    if window_left >= 0 and not causal:
+        return "a sliding window without causal masking"
+    if mask is not None:
+        if mask.shape != (batch, seqlen):
+            return f"a padding mask of shape {tuple(mask.shape)} for {seqlen} queries"
+        order = torch.argsort(~mask.bool(), dim=1, stable=True)
+        lengths = mask.sum(dim=1, dtype=torch.int32)
+        return MaskPlan(False, causal, "top_left", window_left, lengths, None, None, order=order)
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None:
+        max_q, max_k = _size(kwargs, "max_length_q"), _size(kwargs, "max_length_k")
+        return MaskPlan(True, causal, "top_left", window_left, None, cu_q.to(torch.int32), max_q,
+                        cu_k.to(torch.int32), max_k)  # fmt: skip
+    positions = kwargs.get("position_ids")
+    if positions is not None and batch == 1 and seqlen > 1 and causal and positions.shape[-1] == seqlen:
+        # one slot per token: the sequences past the last are empty, which frost leaves out when it
+        # reads the lengths back (the one host read of a traced step, its launch needs the count)
+        segments = _segments(positions.reshape(1, seqlen))[0]
+        slots = torch.arange(seqlen + 1, device=segments.device)
+        cu_seqlens = torch.searchsorted(segments, slots, out_int32=True)
+        return MaskPlan(True, True, "top_left", window_left, None, cu_seqlens, None)
+    if window_left >= 0:
+        return MaskPlan(False, True, "top_left", window_left, None, None, None)
+    return None
+
+
+def _size(kwargs, name: str):
+    """A length keyword as an int (SymInt under dynamic shapes), or None for a tensor: its value
+    is then read where frost needs it, not while tracing."""
+    value = kwargs.get(name)
+    return value if isinstance(value, (int, torch.SymInt)) else None
+
+
+def _segments(positions: torch.Tensor) -> torch.Tensor:
+    """Sequence ids [B, S] of restarting positions (transformers' rule: a new sequence wherever
+    the position does not grow by 1)."""
+    step = torch.diff(positions, prepend=positions[:, :1] - 1, dim=-1)
+    return (step != 1).cumsum(-1)
+
+
+def _traced_mask(plan: MaskPlan | None, padding, query: torch.Tensor, seqlen_k: int) -> torch.Tensor | None:
+    """The boolean [B|1, 1, Sq, Sk] mask of a traced plan (the one sdpa gets on a fallback), or
+    None for plain causal, which sdpa applies by itself."""
+    if plan is None:
+        return None
+    batch, seqlen_q, device = query.shape[0], query.shape[2], query.device
+    visible = _visibility(seqlen_q, seqlen_k, plan.causal, plan.window_left, 0, device)
+    if plan.packed:
+        cu_seqlens_k = plan.cu_seqlens if plan.cu_seqlens_k is None else plan.cu_seqlens_k
+
+        def segments(cu_seqlens, seqlen):  # the sequence of each token, [B, S]
+            tokens = torch.arange(batch * seqlen, device=device, dtype=cu_seqlens.dtype)
+            return torch.searchsorted(cu_seqlens[1:], tokens, right=True).view(batch, seqlen)
+
+        same = segments(plan.cu_seqlens, seqlen_q)[:, :, None] == segments(cu_seqlens_k, seqlen_k)[:, None, :]
+        visible = visible & same
+    if padding is not None:
+        visible = visible & padding.bool()[:, None, :]
+    return visible[:, None]
+
+
+def _visibility(seqlen_q: int, seqlen_k: int, causal: bool, window_left: int, delta, device) -> torch.Tensor:
+    """SEMANTICS.md's causal / left-window visibility as [B|1, Sq, Sk]; ``delta`` is the alignment
+    offset (an int, or [B, 1, 1])."""
+    rows = torch.arange(seqlen_q, device=device)[None, :, None] + delta
+    cols = torch.arange(seqlen_k, device=device)[None, None, :]
+    visible = torch.ones(1, seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if causal:
+        visible = visible & (cols <= rows)
+    if window_left >= 0:
+        visible = visible & (cols >= rows - window_left)
+    return visible
 
 
 # ---------------------------------------------------------------------------------------
@@ -303,16 +453,12 @@ def _dense_plan(mask: torch.Tensor, window_lefts: list[int]) -> MaskPlan | None:
 
 def _dense_mask(lengths, seqlen_q, seqlen_k, causal, align, window_left) -> torch.Tensor:
     """SEMANTICS.md's visibility for dense padding with seqlens_k only, as [B, Sq, Sk]."""
-    rows = torch.arange(seqlen_q, device=lengths.device)[None, :, None]
-    cols = torch.arange(seqlen_k, device=lengths.device)[None, None, :]
     lengths = lengths[:, None, None]
     delta = lengths - seqlen_q if align == "bottom_right" else torch.zeros_like(lengths)
-    visible = (cols < lengths).expand(-1, seqlen_q, -1)  # full shape: torch.equal compares shapes too
-    if causal:
-        visible = visible & (cols <= rows + delta)
-    if window_left >= 0:
-        visible = visible & (cols >= rows + delta - window_left)
-    return visible
+    cols = torch.arange(seqlen_k, device=lengths.device)
+    # full shape: torch.equal compares shapes too
+    return (cols < lengths).expand(-1, seqlen_q, -1) & _visibility(seqlen_q, seqlen_k, causal, window_left, delta,
+                                                                    lengths.device)  # fmt: skip
 
 
 def _packed_plan(mask: torch.Tensor, window_lefts: list[int], kwargs) -> MaskPlan | None:
@@ -345,9 +491,7 @@ def _segment_candidates(mask: torch.Tensor, kwargs):
         yield (starts.cumsum(0) - 1)[None]
     position_ids = kwargs.get("position_ids")
     if position_ids is not None and position_ids.dim() == 2 and position_ids.shape[-1] == seqlen:
-        position_ids = position_ids.to(mask.device).expand(batch, -1)
-        step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
-        yield (step != 1).cumsum(-1)
+        yield _segments(position_ids.to(mask.device).expand(batch, -1))
     first = mask.to(torch.uint8).argmax(dim=-1)  # the first visible key of each row
     yield (first == torch.arange(seqlen, device=mask.device)).cumsum(-1)
 

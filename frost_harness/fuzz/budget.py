@@ -28,6 +28,11 @@ Counting: ``examples`` and ``examples_total`` count *checked* examples, those th
 property judged (it returned or raised its failure: ``example_finished``). An example
 the share ends before it starts is not drawn into a property at all, so it is not one.
 
+A fuzz test without ``@given`` (a pinned case: one fixed problem) is no property: it has no
+share, no chunks and no seed, and its check is not a search example. The plugin runs it once
+inside ``suspended()``, where the hooks below see no budget (so ``example_started`` cannot
+end it as a spent share, and the examples counted stay the search's).
+
 Seeds: a chunk's seed is a hash of the run's seed (the night's seed and the shard),
 the worker, the test id and the chunk number, so every chunk of every worker and shard
 explores different ground, and each is written to the run folder's fuzz log.
@@ -38,6 +43,8 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +66,6 @@ class Budget:
     progress: Path | None = None  # where this worker's running totals go, for the runner's status line
     examples_total: int = 0  # examples checked in this worker, every test and chunk
     shrink_until: float | None = None  # when shrinking a failure must stop too (None: ``until``)
-    chunks_failed: int = 0
     _written: float = 0.0  # time.time() of the last progress write
 
     def chunk_seed(self, test_id: str, chunk: int) -> int:
@@ -79,15 +85,15 @@ class Budget:
         return time.time() >= self.share_end
 
     def write_progress(self, *, force: bool = False) -> None:
-        """This worker's totals into ``progress`` (JSON, replaced atomically), at most once a
-        second unless forced: the ``frost-fuzz`` runner reads them for its live status line."""
+        """This worker's checked examples into ``progress`` (JSON, replaced atomically), at most
+        once a second unless forced: the ``frost-fuzz`` runner reads them for its live status line
+        (the tests done and failed come from pytest's own progress, ``frost_harness.reports.progress``)."""
         now = time.time()
         if self.progress is None or (not force and now - self._written < 1.0):
             return
         self._written = now
         partial = self.progress.with_suffix(".tmp")
-        partial.write_text(json.dumps({"worker": self.worker, "examples": self.examples_total,
-                                       "failures": self.chunks_failed}), encoding="utf-8")  # fmt: skip
+        partial.write_text(json.dumps({"worker": self.worker, "examples": self.examples_total}), encoding="utf-8")
         os.replace(partial, self.progress)
 
 
@@ -103,6 +109,18 @@ def activate(budget: Budget | None) -> None:
 
 def active() -> Budget | None:
     return _active
+
+
+@contextmanager
+def suspended() -> Iterator[None]:
+    """No budget inside the block: a single run (a fuzz test without ``@given``) is neither ended
+    by a spent share nor counted among the checked examples."""
+    global _active
+    saved, _active = _active, None
+    try:
+        yield
+    finally:
+        _active = saved
 
 
 class ShareSpent(unittest.SkipTest):

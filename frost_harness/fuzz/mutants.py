@@ -5,7 +5,7 @@ its file) by a faulty one. They are the bugs a kernel author really writes: mask
 block-range off-by-ones on either side, a wrong bottom-right offset, a wrong GQA head map, a
 missing or doubled scale, a dropped or mis-signed sink term, wrong packed (THD) offsets or
 lengths, wrong lse / D rows, a wrong predicate on a partial head dim, a missing barrier or
-cp.async wait (a race), an accumulator never zeroed, a wrong dQ accumulator layout or turn;
+cp.async wait (a race), an accumulator never zeroed, a wrong dQ accumulator layout or slice;
 and in the newer kernels, a split group's partials combined short, a bias in the wrong units
 or read past its broadcast extent, dbias written past the sequence, a RoPE rotation with the
 wrong sign forward or back.
@@ -83,8 +83,6 @@ FOCUS = {
     "fwd-acc-o-unzeroed": _FWD + "dense",
     "dp-unzeroed": _BWD + "dense",
     "dq-layout-width": "test_bwd_sm80_other_dq_reduce_width_matches_oracle and (dense or causal-torch)",
-    "dq-ordered-turn": "test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs or "
-                       "test_bwd_sm80_deterministic_mode_matches_oracle",
     "dq-slice-skip-edge": "test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable and "
                           "(causal_k_longer or gqa_split_window_br) and device_width",
     "combine-last-split": "test_bwd_sm80_split_group_matches_oracle and (gqa_dense or mqa_window)",
@@ -292,15 +290,11 @@ CATALOGUE: tuple[Mutant, ...] = (
        "    acc_dP.fill(0.0)\n",
        "",
        "dP starts from whatever the registers held"),
-    # ---- the flat dQ accumulator and its order ----------------------------------------------
+    # ---- the flat dQ accumulator and its slices ---------------------------------------------
     _m("dq-layout-width", "dq accumulator", "seqlen.py",  # the layout bwd and bwd_convert share
        "return chunk.iterator + (j * threads + tidx) * width",
        "return chunk.iterator + (j * threads + tidx)",
        "wide (v4) dQ reductions overlap each other; the scalar width is unaffected"),
-    _m("dq-ordered-turn", "dq accumulator", "bwd.py",
-       "    turn = n_block - first\n",
-       "    turn = n_block - first - 1\n",
-       "ordered deterministic dQ takes its turn one key block early (a race)"),
     _m("dq-slice-skip-edge", "dq accumulator", "dq_chunks.py",
        "return m_block >= seen_min and m_block < seen_max",
        "return m_block > seen_min and m_block < seen_max",

@@ -20,7 +20,7 @@ would otherwise "kill" nothing and let every mutant survive on skips). Results g
 ``mutants.json``, ``mutants.md``, ``run.json`` (the score, its target, the survivors) and
 ``report.html``.
 
-A catalogue run can be split over several sessions: ``--stop-after`` ends a run at a wall-clock
+A catalogue run can be split over several runs: ``--stop-after`` ends a run at a wall-clock
 deadline (mutants it cuts are listed as not run, never as hangs), and ``--resume`` takes a
 previous run's ``mutants.json``, keeps its verdicts and judges only the mutants it did not.
 """

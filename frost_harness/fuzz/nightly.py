@@ -39,9 +39,14 @@ The run folder (default ``./frost-out/fuzz-<regime>-<timestamp>[-shardKofN]``) h
 same format as ``frost-report``'s (``frost_harness.reports.publish``), plus the chunk log; drift is
 measured against the previous run of the same regime. ``--merge`` joins the run
 folders of several shards (or machines) into one report. While pytest runs (its output
-goes to ``pytest.log`` in the run folder) a status line shows the examples run, the
-failed chunks and the time left. The verdict is ``frost-report``'s (red whenever pytest
-failed); the exit status is pytest's.
+goes to ``pytest.log`` in the run folder) a status line shows the examples run, the tests
+done of those collected and the failed ones (pytest's own progress,
+``frost_harness.reports.progress``: a failure outside any chunk counts too) and the time left;
+once pytest is done, the line's test counts are junit.xml's, as are ``fuzz.md``'s, which lists
+every failed or errored test, chunk or not. A fuzz test without ``@given`` (a pinned case) runs
+once, as an ordinary test, before the properties share the budget (``frost_harness.fuzz.plugin``).
+The verdict is ``frost-report``'s (red whenever pytest failed or junit.xml lists a failed or
+errored test); the exit status is pytest's.
 """
 from __future__ import annotations
 
@@ -51,7 +56,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from datetime import datetime
@@ -62,7 +66,7 @@ from frost_harness import invocation
 invocation.require_extra("frost-fuzz")  # one line naming the extra, before pandas is imported below
 
 from frost_harness.fuzz import devices  # noqa: E402
-from frost_harness.reports import cli, fuzzlog, publish, records, tables, verdict  # noqa: E402
+from frost_harness.reports import cli, fuzzlog, progress, publish, records, tables, verdict  # noqa: E402
 
 FUZZ_SUITES = invocation.SUITES / "fuzz"
 REPORT_RESERVE_S = 20.0  # seconds kept at the end of the budget for the report (a fifth of short budgets)
@@ -176,48 +180,38 @@ def _prepare_cache(args, pool_spec: str) -> tuple[Path | None, dict | None]:
                        "present": done.present, "failed": done.failed, "seconds": round(done.seconds, 1)}  # fmt: skip
 
 
-STATUS_EVERY_S = 30.0  # without a terminal, one status line this often
-
-
 def _run_watched(command: list[str], env: dict, out: Path, end: float) -> int:
-    """Run pytest with its output in ``out/pytest.log`` and a live status line here: examples,
-    failed chunks and time left, summed over the workers' ``progress-*.json`` (``frost_harness.fuzz.budget``).
-    On a terminal the line redraws in place; otherwise it is printed every ``STATUS_EVERY_S``.
-    At the end pytest's own summary (the log's tail) follows."""
+    """Run pytest with its output in ``out/pytest.log`` and a live status line here
+    (``frost_harness.reports.progress.run_watched``); at the end the status line again, its test
+    counts now junit.xml's, and pytest's closing summary from the log."""
     (out / "records").mkdir(parents=True, exist_ok=True)
-    log_path = out / "pytest.log"
-    live = sys.stdout.isatty()
-    with open(log_path, "w", encoding="utf-8") as log:
-        # in the current directory: never inside site-packages
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        printed = 0.0
-        while process.poll() is None:
-            time.sleep(0.5)
-            now = time.time()
-            if live or now - printed >= STATUS_EVERY_S:
-                line = status_line(out / "records", end - now)
-                print(f"\r{line}\033[K" if live else line, end="" if live else "\n", flush=True)
-                printed = now
-    if live:
-        print()
-    print(f"{status_line(out / 'records', end - time.time())}; pytest's output is in {log_path}")
-    tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-    print("\n".join(tail), flush=True)
-    return process.returncode
+    return progress.run_watched(command, out / "pytest.log", lambda: status_line(out / "records", end - time.time()),
+                                final=lambda: final_status_line(out, end - time.time()), env=env)
+
+
+def _examples(folder: Path) -> int:
+    """The checked examples so far, summed over the workers' ``progress-*.json`` (``frost_harness.fuzz.budget``)."""
+    examples = 0
+    for path in folder.glob("progress-*.json"):
+        try:
+            examples += json.loads(path.read_text(encoding="utf-8")).get("examples", 0)
+        except (OSError, ValueError):  # being replaced this instant: the next poll reads it
+            continue
+    return examples
 
 
 def status_line(folder: Path, left_s: float) -> str:
-    """``N examples, F failures, M:SS left`` from the workers' progress files in ``folder``."""
-    examples = failures = 0
-    for path in folder.glob("progress-*.json"):
-        try:
-            progress = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # being replaced this instant: next time
-            continue
-        examples += progress.get("examples", 0)
-        failures += progress.get("failures", 0)
-    left = max(0, int(left_s))
-    return f"frost-fuzz: {examples} examples, {failures} failures, {left // 60}:{left % 60:02d} left"
+    """``N examples; [###  ] D/T tests, F failed; M:SS left`` while pytest runs: the workers'
+    examples and pytest's own progress (``frost_harness.reports.progress``: every test, a pinned
+    case or a failure outside any chunk included), from the run's records folder."""
+    return f"frost-fuzz: {_examples(folder)} examples; {progress.read(folder).line()}; {progress.clock(left_s)} left"
+
+
+def final_status_line(out: Path, left_s: float) -> str:
+    """The status line once pytest is done: its test counts are junit.xml's, as the verdict's."""
+    junit = verdict.read_junit(out / verdict.JUNIT_FILE)
+    tests = junit.counts() if junit is not None else "no junit.xml (pytest's own account of the tests is missing)"
+    return f"frost-fuzz: {_examples(out / 'records')} examples; {tests}; {progress.clock(left_s)} left"
 
 
 def _merge(args) -> int:

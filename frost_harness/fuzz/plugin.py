@@ -9,14 +9,23 @@ Loaded by the repository's frost_harness/suites/conftest.py, in every test proce
 - activates the record-class pool the ``gpu`` regime draws from
   (``frost_harness.fuzz.pool``): ``--frost-fuzz-pool SEED:SIZE``, else the default pool;
 - with ``--frost-fuzz-until EPOCH`` (the ``frost-fuzz`` runner passes it, with
-  ``--frost-fuzz-seed`` and ``--frost-fuzz-shrink-until``) runs every test marked ``fuzz`` as chunks until its share of
-  the time is spent (``frost_harness.fuzz.budget``), bounds the shrinking of a failure by
-  ``--frost-fuzz-shrink-until``, skips fuzz tests that would start after the
+  ``--frost-fuzz-seed`` and ``--frost-fuzz-shrink-until``) runs every Hypothesis property marked ``fuzz`` as chunks
+  until its share of the time is spent (``frost_harness.fuzz.budget``), bounds the shrinking of a failure by
+  ``--frost-fuzz-shrink-until``, skips properties that would start after the
   deadline, and appends one row per chunk (test, worker, GPU, seed, examples,
   seconds, outcome, failure message) to ``fuzz-<worker>.jsonl`` in the run folder
-  of ``frost_harness.reports.plugin``, and keeps ``progress-<worker>.json`` there (examples and failed
-  chunks so far) for the runner's live status line. A failing chunk's seed is also
+  of ``frost_harness.reports.plugin``, and keeps ``progress-<worker>.json`` there (examples
+  so far) for the runner's live status line. A failing chunk's seed is also
   shown in the test's report.
+
+A test marked ``fuzz`` without ``@given`` (a pinned case: one fixed problem a night once
+failed on) is a single run under the budget, an ordinary test: no share, no chunk, no seed
+(Hypothesis rejects a seed on a test that is not a property), and its check is not counted
+among the search's examples (``budget.suspended``). The single runs go first, before the
+properties split the time that is left, so the deadline never skips them; under
+``--dist each`` (every worker runs every test) only the first worker, ``gw0``, runs them,
+since a fixed problem gives the same verdict on every worker. Their outcomes are pytest's
+like any test's: junit.xml and the reports count them (``frost_harness.reports.publish``).
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ import os
 import time
 
 import pytest
+from hypothesis import is_hypothesis_test
 
 from frost_harness.fuzz import budget, devices, profiles
 from frost_harness.reports import plugin as records_plugin
@@ -53,6 +63,8 @@ def pytest_configure(config):
     xdist_controller = os.environ.get("PYTEST_XDIST_WORKER") is None and config.getoption("dist", "no") != "no"
     if not xdist_controller:
         devices.assign()
+    elif config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistHooks(config.getoption("dist") == "each"), "frost-fuzz-xdist")
     profiles.register()
     chosen = config.getoption("frost_profile") or (
         None if config.getoption("hypothesis_profile", None) else os.environ.get(profiles.ENV, profiles.DEFAULT)
@@ -66,9 +78,37 @@ def pytest_configure(config):
         pool.activate(pool.sample(*pool.parse_spec(spec)))
 
 
+_EACH_KEY = "frost_fuzz_dist_each"
+
+
+class _XdistHooks:
+    """Tells each xdist worker whether every worker runs every test (``--dist each``; a worker's
+    own ``dist`` option reads "no")."""
+
+    def __init__(self, each: bool):
+        self.each = each
+
+    def pytest_configure_node(self, node):
+        node.workerinput[_EACH_KEY] = self.each
+
+
+def _is_single_run(item) -> bool:
+    return item.get_closest_marker("fuzz") is not None and not is_hypothesis_test(getattr(item, "obj", None))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    config.stash[_FUZZ_TESTS_LEFT] = sum(item.get_closest_marker("fuzz") is not None for item in items)
+    """Under a budget: the single runs first (on ``gw0`` only under ``--dist each``), then the rest."""
+    if config.getoption("frost_fuzz_until") is None:
+        return
+    single = [item for item in items if _is_single_run(item)]
+    rest = [item for item in items if not _is_single_run(item)]
+    workerinput = getattr(config, "workerinput", {})
+    if single and workerinput.get(_EACH_KEY) and workerinput["workerid"] != "gw0":
+        config.hook.pytest_deselected(items=single)
+        single = []
+    items[:] = single + rest
+    config.stash[_FUZZ_TESTS_LEFT] = sum(item.get_closest_marker("fuzz") is not None for item in rest)
 
 
 def pytest_sessionstart(session):
@@ -87,18 +127,23 @@ def pytest_sessionfinish(session):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """Under a budget, a fuzz test runs as seeded chunks until its share of the time is spent."""
+    """Under a budget, a fuzz property runs as seeded chunks until its share of the time is spent;
+    a fuzz test without ``@given`` runs once, outside the budget."""
     active = budget.active()
     if active is None or pyfuncitem.get_closest_marker("fuzz") is None:
         return None
+    test = pyfuncitem.obj
+    arguments = {name: pyfuncitem.funcargs[name] for name in inspect.signature(test).parameters}
+    if not is_hypothesis_test(test):
+        with budget.suspended():
+            test(**arguments)
+        return True
     config = pyfuncitem.config
     left = config.stash.get(_FUZZ_TESTS_LEFT, 1)
     config.stash[_FUZZ_TESTS_LEFT] = left - 1
     if time.time() >= active.until:
         pytest.skip("frost-fuzz: the run's time budget is spent")
     active.start_test(left)
-    test = pyfuncitem.obj
-    arguments = {name: pyfuncitem.funcargs[name] for name in inspect.signature(test).parameters}
     log = records_plugin.run_folder(config) / f"fuzz-{active.worker}.jsonl"
     chunk = 0
     while chunk == 0 or not active.share_spent():
@@ -115,7 +160,6 @@ def pytest_pyfunc_call(pyfuncitem):
             outcome, failure = "failed", f"{type(error).__name__}: {error}"[:4000]
             pyfuncitem.add_report_section("call", "frost-fuzz", f"failing chunk {chunk}: seed {seed}"
                                                                  + budget.shrink_note())
-            active.chunks_failed += 1
             raise
         finally:
             records.append_jsonl(log, [{

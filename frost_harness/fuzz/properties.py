@@ -108,7 +108,7 @@ def routing_is_stable(case: Case, engine: str | None = None) -> None:
         where = f"{direction}{' deterministic' if deterministic else ''}"
         if first != second:
             raise PropertyFailure(prop, case, None, f"{where}: routed {first} then {second}")
-        answers = [(e.name, e.check_support(first.problem)) for e in dispatch.engines(direction)]
+        answers = [(e.name, e.check_support(first.problem)) for e in dispatch.ranked(first.problem)]
         for name, reason in answers:
             if reason is not None and (not isinstance(reason, str) or not reason.strip()):
                 raise PropertyFailure(prop, case, name, f"{where}: declined without a reason ({reason!r})")

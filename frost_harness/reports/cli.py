@@ -13,18 +13,22 @@ into ``DIR/records``, then the report goes into ``DIR`` (default
 ``cases.csv.gz``, ``routing.md``, ``pass_rate.md``, error statistics (``stats.csv``), drift
 against the previous run of the same level (``drift.md``) and ``report.html``
 (``frost_harness.reports.publish`` lists them), prints where, and a short summary.
-The verdict is red whenever pytest's exit status is non-zero or any test failed, errored
-or was not collected, or nothing was collected at all (``frost_harness.reports.verdict``),
-and the tests behind it are listed. The exit status is pytest's (1 if pytest said 0 but
-the records hold a failure); the report is written either way.
+While pytest runs, its output goes to ``DIR/pytest.log`` and a progress line shows the tests
+done of those collected, the failed ones and the time elapsed (``frost_harness.reports.progress``);
+at the end come pytest's closing summary (from the log), the slowest 20 tests and, when the run
+selected GPU tests, which of them ran and which were skipped and why
+(``frost_harness.reports.junit_summary``). The verdict is red whenever pytest's exit status is
+non-zero or any test failed, errored or was not collected, or nothing was collected at all
+(``frost_harness.reports.verdict``), and the tests behind it are listed. The exit status is
+pytest's (1 if pytest said 0 but the records hold a failure); the report is written either way.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shlex
-import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -32,7 +36,7 @@ from frost_harness import invocation
 
 invocation.require_extra("frost-report")  # one line naming the extra, before pandas is imported below
 
-from frost_harness.reports import publish, records, tables, verdict  # noqa: E402
+from frost_harness.reports import junit_summary, progress, publish, records, tables, verdict  # noqa: E402
 
 LEVELS = ("L0", "L1", "L2")
 
@@ -60,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     command = invocation.pytest_command(options, args.pytest_args, [invocation.SUITES],
                                         cache_dir=invocation.output_folder() / "pytest-cache")
     print("frost-report:", shlex.join(command), flush=True)  # quoted: pastes into a shell as is
-    status = subprocess.call(command)  # in the current directory: never inside site-packages
+    (out / "records").mkdir(parents=True, exist_ok=True)
+    start = time.time()
+
+    def status_line() -> str:
+        return f"frost-report: {progress.read(out / 'records').line()}, {progress.clock(time.time() - start)} elapsed"
+
+    status = progress.run_watched(command, out / "pytest.log", status_line)
 
     title = f"level {args.level}, {started:%Y-%m-%d %H:%M}, pytest exit {status}"
     meta = {"key": args.level, "title": title, "started": started.isoformat(), "pytest_exit": status,
@@ -70,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     df = tables.frame(records.read_folder(out / "records"))
     for line in tables.engine_summary_lines(df):
         print("frost-report:", line)
+    junit = verdict.read_junit(out / verdict.JUNIT_FILE)
+    if junit is not None:
+        for line in junit_summary.slowest_lines(junit) + junit_summary.gpu_lines(junit):
+            print("frost-report:", line)
     return print_verdict("frost-report", out, status)
 
 

@@ -6,6 +6,12 @@ its seconds and its outcome. Throughput is examples per minute of chunk time in 
 tables; ``throughput_lines`` gives the run's rate: checked examples (``frost_harness.fuzz.budget``:
 judged by their property, passing or failing) per minute of the fuzzing's wall-clock
 time, overall and per property, in lines that ``parse_throughput`` reads back.
+
+The chunk log knows only the chunks; pytest's junit.xml knows every test
+(``frost_harness.reports.verdict.read_junit``). ``failed_tests`` lists each test junit.xml
+has failed or errored, whether or not a chunk of it failed (a pinned case, a fixture's error, a
+test that never reached its first chunk), and ``outside_chunks`` each test that ran no chunk at
+all (a fuzz test without ``@given`` runs once, as an ordinary test: ``frost_harness.fuzz.plugin``).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import re
 import pandas as pd
 
 from frost_harness.reports.records import FUZZ_COLUMNS
+from frost_harness.reports.verdict import JunitTests
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -57,6 +64,22 @@ def failures(chunks: pd.DataFrame) -> pd.DataFrame:
         "seed": failed["seed"].astype(str), "failure": failed["failure"].map(lambda text: str(text).splitlines()[0]),
         "reproduce": failed["failure"].map(reproduce_line),
     }).reset_index(drop=True)  # fmt: skip
+
+
+def failed_tests(junit: JunitTests, chunks: pd.DataFrame) -> pd.DataFrame:
+    """Every test junit.xml has failed or errored: its outcome, message and whether a chunk of it failed."""
+    failed_chunks = set(failures(chunks)["test_id"])
+    rows = [(case.test_id, case.outcome, case.message, case.test_id in failed_chunks)
+            for case in junit.cases if case.outcome in ("failed", "error")]  # fmt: skip
+    return pd.DataFrame(rows, columns=["test_id", "outcome", "message", "failing_chunk"])
+
+
+def outside_chunks(junit: JunitTests, chunks: pd.DataFrame) -> pd.DataFrame:
+    """Every test junit.xml has that ran no chunk: its outcome, seconds and message."""
+    chunked = set(chunks["test_id"])
+    rows = [(case.test_id, case.outcome, case.seconds, case.message)
+            for case in junit.cases if case.test_id not in chunked]  # fmt: skip
+    return pd.DataFrame(rows, columns=["test_id", "outcome", "seconds", "message"])
 
 
 def property_of(test_id: str) -> str:

@@ -13,7 +13,9 @@ under ``frost-fuzz``) and, after ``write_run``:
 - ``drift.md`` / ``drift.csv``: the statistics against the previous run of the same
   key, the newest sibling folder (same parent) that started earlier and has a
   ``stats.csv``; absent when there is none;
-- ``fuzz.md``: examples, time and throughput per test and per GPU (fuzz runs);
+- ``fuzz.md`` (fuzz runs): examples, time and throughput per test and per GPU; pytest's counts
+  of the tests (junit.xml), every failed or errored test, chunk or not, the tests that ran outside
+  any chunk, and the failing chunks;
 - ``report.html``: all of it on one self-contained page (``frost_harness.reports.html``).
 """
 from __future__ import annotations
@@ -57,8 +59,9 @@ def write_run(folder: Path, meta: dict, *, plots: bool | None = None) -> list[Pa
         drift = stats.drift(now, pd.read_csv(previous / "stats.csv"))
         drift.to_csv(folder / "drift.csv", index=False)
         paths += [folder / "drift.csv", _write_drift(folder / "drift.md", drift, previous, meta["title"])]
-    if not chunks.empty:
-        paths.append(_write_fuzz(folder / "fuzz.md", chunks, meta))
+    junit = verdict.read_junit(folder / verdict.JUNIT_FILE)
+    if not chunks.empty or (junit is not None and meta["key"].startswith("fuzz")):  # a fuzz run, chunks or not
+        paths.append(_write_fuzz(folder / "fuzz.md", chunks, junit, meta))
     judged = judge_run(folder, meta, df, chunks)
     meta = {**meta, "verdict": judged.headline, "problems": judged.problems}
     (folder / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
@@ -93,17 +96,22 @@ def _write_drift(path: Path, drift: pd.DataFrame, previous: Path, title: str) ->
     return path
 
 
-def _write_fuzz(path: Path, chunks: pd.DataFrame, meta: dict) -> Path:
+def _write_fuzz(path: Path, chunks: pd.DataFrame, junit: verdict.JunitTests | None, meta: dict) -> Path:
     # the runner's rates (frost_harness.fuzz.nightly): over the fuzzing's wall-clock time, prewarm not included
     rates = fuzzlog.throughput_lines(chunks, meta["fuzz_s"]) if meta.get("fuzz_s") else []
     prewarm = meta.get("prewarm")
     facts = [f"- {line}" for line in rates] + ([f"- prewarm (before the budget): {prewarm}"] if prewarm else [])
-    path.write_text(
-        f"# Fuzz: {meta['title']}\n\n{int(chunks['examples'].sum())} examples in {len(chunks)} chunks.\n\n"
-        + ("\n".join(facts) + "\n\n" if facts else "")
-        + f"## Per test\n\n{tables.markdown(fuzzlog.per_test(chunks))}\n"
-        f"## Per worker and GPU\n\n{tables.markdown(fuzzlog.per_gpu(chunks))}\n"
-        f"## Failing chunks\n\n{tables.markdown(fuzzlog.failures(chunks))}",
-        encoding="utf-8",
-    )
+    tests = (f"pytest (junit.xml): {junit.counts()}." if junit is not None
+             else "No junit.xml: pytest's account of the tests is missing (a merged report has none).")
+    examples = f"{int(chunks['examples'].sum())} examples in {len(chunks)} chunks."
+    sections = [f"# Fuzz: {meta['title']}\n\n{examples} {tests}\n"]
+    if facts:
+        sections.append("\n".join(facts) + "\n")
+    if junit is not None:
+        sections += [f"## Failed and errored tests\n\n{tables.markdown(fuzzlog.failed_tests(junit, chunks))}",
+                     f"## Tests outside chunks\n\n{tables.markdown(fuzzlog.outside_chunks(junit, chunks))}"]
+    sections += [f"## Per test\n\n{tables.markdown(fuzzlog.per_test(chunks))}",
+                 f"## Per worker and GPU\n\n{tables.markdown(fuzzlog.per_gpu(chunks))}",
+                 f"## Failing chunks\n\n{tables.markdown(fuzzlog.failures(chunks))}"]
+    path.write_text("\n".join(sections), encoding="utf-8")
     return path

@@ -25,10 +25,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 JUNIT_FILE = "junit.xml"
+GPU_PROPERTY = "gpu"  # a junit.xml property of every test marked gpu (frost_harness/suites/conftest.py)
 
 # pytest's exit codes (pytest.ExitCode), for the headline
 _EXIT_MEANING = {1: "tests failed", 2: "interrupted", 3: "internal error", 4: "usage error",
                  5: "no tests were collected"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class JunitCase:
+    """One test case of junit.xml (one per test and xdist worker under ``--dist each``)."""
+
+    test_id: str
+    outcome: str  # "passed", "failed", "error", "skipped" or "xfailed"
+    seconds: float  # setup, call and teardown
+    message: str  # the first line of a failure's, error's or skip's message; "" for a pass
+    gpu: bool  # marked gpu
 
 
 @dataclass
@@ -40,6 +52,16 @@ class JunitTests:
     errors: list[tuple[str, str]] = field(default_factory=list)  # errors, collection errors included
     skipped: int = 0  # xfailed included (junit writes an expected failure as skipped)
     xfailed: set[str] = field(default_factory=set)  # test ids of the expected failures
+    cases: list[JunitCase] = field(default_factory=list)
+
+    @property
+    def passed(self) -> int:
+        return self.total - len(self.failed) - len(self.errors) - self.skipped
+
+    def counts(self) -> str:
+        """``T tests: P passed, F failed, E errors, S skipped``, the counts pytest's summary gives."""
+        return (f"{self.total} tests: {self.passed} passed, {len(self.failed)} failed, {len(self.errors)} errors, "
+                f"{self.skipped} skipped")
 
 
 def read_junit(path: Path) -> JunitTests | None:
@@ -52,17 +74,27 @@ def read_junit(path: Path) -> JunitTests | None:
     for case in root.iter("testcase"):
         tests.total += 1
         name = _test_id(case)
+        outcome, message = "passed", ""
         for kind, bucket in (("failure", tests.failed), ("error", tests.errors)):
             found = case.find(kind)
             if found is not None:
-                message = (found.get("message") or kind).strip() or kind
-                bucket.append((name, message.splitlines()[0][:300]))
+                outcome, message = ("failed" if kind == "failure" else "error"), _first_line(found, kind)
+                bucket.append((name, message))
         skipped = case.find("skipped")
         if skipped is not None:
             tests.skipped += 1
+            outcome, message = "skipped", _first_line(skipped, "skipped")
             if skipped.get("type") == "pytest.xfail":
                 tests.xfailed.add(name)
+                outcome = "xfailed"
+        gpu = any(prop.get("name") == GPU_PROPERTY for prop in case.iter("property"))
+        tests.cases.append(JunitCase(name, outcome, float(case.get("time") or 0), message, gpu))
     return tests
+
+
+def _first_line(element, default: str) -> str:
+    message = (element.get("message") or default).strip() or default
+    return message.splitlines()[0][:300]
 
 
 def _test_id(case) -> str:

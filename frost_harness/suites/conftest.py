@@ -10,7 +10,11 @@ Tests marked ``gpu`` are skipped with a reason when CUDA is unavailable, unless 
 asked for GPU tests only (``-m "L0 and gpu"``): then a missing or broken CUDA is a usage
 error, not a green run of skips.
 ``frost_harness.reports.plugin`` collects the accuracy harness's per-case records and prints
-the routing summary at the end of the run (also under pytest-xdist).
+the routing summary at the end of the run (also under pytest-xdist);
+``frost_harness.reports.progress`` keeps the run's progress (tests done of those collected,
+failed) in the run folder for the runners' status line. Every GPU test carries the junit.xml
+property ``gpu`` (``frost_harness.reports.verdict.GPU_PROPERTY``), so the reports can say which
+GPU tests ran and which skipped, and why.
 ``frost_harness.fuzz.plugin`` selects the Hypothesis profile of the fuzz suites (``ci`` unless
 told otherwise), gives each xdist worker its GPU and runs the ``frost-fuzz`` budget.
 Each test process gets a fresh, empty compile cache directory on disk
@@ -28,7 +32,9 @@ import tempfile
 
 import pytest
 
-pytest_plugins = ("frost_harness.reports.plugin", "frost_harness.fuzz.plugin")
+from frost_harness.reports.verdict import GPU_PROPERTY
+
+pytest_plugins = ("frost_harness.reports.plugin", "frost_harness.reports.progress", "frost_harness.fuzz.plugin")
 
 LEVELS = ("L0", "L1", "L2")
 MARKERS = (
@@ -117,6 +123,7 @@ def pytest_collection_modifyitems(config, items):
         if len(levels) != 1:
             unmarked.append(f"{item.nodeid} (levels: {levels or 'none'})")
         if item.get_closest_marker("gpu") is not None:
+            item.user_properties.append((GPU_PROPERTY, "1"))
             if has_cuda is None:
                 has_cuda = _cuda_available()
             if not has_cuda:

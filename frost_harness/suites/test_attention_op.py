@@ -33,18 +33,19 @@ def _differentiable(inputs):
 
 
 def _op_arguments(q, k, v, keywords):
-    """The ops' arguments after the leading tensors: the optional tensors, then the settings index."""
+    """The ops' arguments after the leading tensors: the optional tensors, max_seqlen_q / _k, then
+    the settings index."""
     keywords = dict(keywords)
     window_left, window_right = keywords.pop("window")
     keywords["rope_cos"], keywords["rope_sin"] = keywords.pop("rope", None) or (None, None)
     optional = tuple(keywords.pop(name, None) for name in frost.ops.OPTIONAL_TENSORS)
+    longest = keywords.pop("max_seqlen_q", None), keywords.pop("max_seqlen_k", None)
     settings = frost.ops.settings_id(
         keywords.pop("scale", None), keywords.pop("causal", False), keywords.pop("causal_align", "top_left"),
-        window_left, window_right, keywords.pop("max_seqlen_q", None), keywords.pop("max_seqlen_k", None),
-        keywords.pop("deterministic", False), keywords.pop("engine", None),
+        window_left, window_right, keywords.pop("deterministic", False), keywords.pop("engine", None),
     )  # fmt: skip
     assert not keywords, keywords
-    return (q, k, v), (*optional, settings)
+    return (q, k, v), (*optional, *longest, settings)
 
 
 @pytest.mark.L0
@@ -118,19 +119,23 @@ def test_torch_compile_matches_eager(dynamic):
 def test_op_schemas_are_short_and_settings_are_one_int():
     for op in (torch.ops.frost.sdpa_forward.default, torch.ops.frost.sdpa_backward.default):
         arguments = op._schema.arguments
-        assert [a.name for a in arguments[-9:]] == [*frost.ops.OPTIONAL_TENSORS, "settings"]
-        assert str(arguments[-1].type) == "int" and all(a.default_value is None for a in arguments)
-    assert len(torch.ops.frost.sdpa_forward.default._schema.arguments) == 12
+        assert [a.name for a in arguments[-11:]] == [*frost.ops.OPTIONAL_TENSORS, "max_seqlen_q", "max_seqlen_k",
+                                                     "settings"]  # fmt: skip
+        assert "SymInt? max_seqlen_q, SymInt? max_seqlen_k, int settings) ->" in str(op._schema)
+        assert all(a.default_value is None for a in arguments)
+    assert len(torch.ops.frost.sdpa_forward.default._schema.arguments) == 14
 
 
 @pytest.mark.L0
 def test_settings_side_table_keeps_values_and_their_types():
-    first = frost.ops.settings_id(0.5, True, "top_left", 3, 0, None, None, False, None)
-    assert frost.ops.settings_id(0.5, True, "top_left", 3, 0, None, None, False, None) == first
-    assert frost.ops.settings_id(0.5, 1, "top_left", 3, 0, None, None, False, None) != first
-    assert frost.ops.settings_id(0.5, True, "top_left", 3, 0, None, None, True, None) != first
+    first = frost.ops.settings_id(0.5, True, "top_left", 3, 0, False, None)
+    assert frost.ops.settings_id(0.5, True, "top_left", 3, 0, False, None) == first
+    assert frost.ops.settings_id(0.5, 1, "top_left", 3, 0, False, None) != first
+    assert frost.ops.settings_id(0.5, True, "top_left", 3, 0, True, None) != first
+    traced = frost.ops._settings[frost.ops.settings_id(0.5, True, "top_left", 3, 0, False, None, True, True)]
     settings = frost.ops._settings[first]
     assert settings.forward.window == (3, 0) and not settings.forward.deterministic and settings.engine is None
+    assert settings.forward.check_lengths and not traced.forward.check_lengths
 
 
 @pytest.mark.L0

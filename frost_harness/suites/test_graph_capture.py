@@ -1,6 +1,6 @@
 """Calls under CUDA-graph capture: no read back to the host on the served path.
 
-CPU: the value checks that a capture skips (``validation.extents_while_capturing``), the plan
+CPU: the value checks that a capture skips (``validation.extents_unread``), the plan
 cache serving a captured packed call from the plan its eager run made, and the errors that name
 what a capture needs (``max_seqlen_*``; one eager call first). GPU: dense forward, backward and
 ``frost.attention`` forward+backward, and packed calls with ``max_seqlen_*``, captured with
@@ -23,16 +23,16 @@ def _packed(lengths, heads=4, dim=64, device="cpu"):
 
 
 @pytest.mark.L0
-def test_extents_while_capturing_read_shapes_and_options_only(monkeypatch):
+def test_extents_unread_read_shapes_and_options_only(monkeypatch):
     q, k, v, cu = _packed([5, 9, 2])
     monkeypatch.setattr(validation, "_check_int_vector", lambda *a: pytest.fail("read lengths back"))
     tensors = frost.records.Tensors(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu)
     with pytest.raises(ValueError, match="max_seqlen_q: required .* capturing"):
-        validation.extents_while_capturing("thd", tensors, Options())
-    extents = validation.extents_while_capturing("thd", tensors, Options(max_seqlen_q=9, max_seqlen_k=12))
+        validation.extents_unread("thd", tensors, Options())
+    extents = validation.extents_unread("thd", tensors, Options(max_seqlen_q=9, max_seqlen_k=12))
     assert tuple(extents) == ("thd", 3, 9, 12, None, None)
     dense = frost.records.Tensors(q=torch.randn(2, 7, 4, 8), k=torch.randn(2, 5, 4, 8), v=torch.randn(2, 5, 4, 8))
-    assert tuple(validation.extents_while_capturing("bshd", dense, Options())) == ("bshd", 2, 7, 5, 7, 5)
+    assert tuple(validation.extents_unread("bshd", dense, Options())) == ("bshd", 2, 7, 5, 7, 5)
 
 
 @pytest.mark.L0

@@ -9,7 +9,9 @@
 - the kernels run without any of the harness's packages importable;
 - the public API is fully annotated;
 - the README installs what the tests need, .ci/run runs what the README says, and every
-  link of the README (and of docs/) stays inside the repository.
+  link of the README (and of docs/) stays inside the repository;
+- every citation of a design decision (``docs/DECISIONS.md, "<heading>"``) names a heading
+  that page has.
 """
 from __future__ import annotations
 
@@ -207,6 +209,28 @@ def test_readme_links_stay_inside_the_repository():
             assert path.is_relative_to(ROOT) and path.exists(), f"{document.name} links {target}: not in the repository"
         # prose that points outside the checkout (a sibling shared/ folder) instead of linking
         assert "../shared/design" not in text, f"{document.name} refers to ../shared/design"
+
+
+_CITATION = re.compile(r'docs/DECISIONS\.md,\s*(?:#\s*)?"([^"]+)"')
+
+
+@pytest.mark.L0
+@needs_checkout
+def test_decision_citations_name_existing_headings():
+    """A docstring or comment cites a decision as ``docs/DECISIONS.md, "<heading>"`` (the
+    heading may wrap over comment or docstring lines); the heading must be one of the page's."""
+    headings = set(re.findall(r"^### (.+)$", (ROOT / "docs" / "DECISIONS.md").read_text(encoding="utf-8"), re.M))
+    sources = [*sorted(ROOT.glob("frost*/**/*.py")), *sorted(ROOT.glob("benchmarks/*.py")),
+               *sorted(ROOT.glob("docs/*.md")), ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md"]
+    cited = 0
+    for path in sources:
+        for found in _CITATION.finditer(path.read_text(encoding="utf-8")):
+            heading = " ".join(re.sub(r"\n\s*#?", " ", found.group(1)).split())
+            if heading == "<heading>":  # the form itself, as this docstring and the page state it
+                continue
+            assert heading in headings, f"{path.relative_to(ROOT)} cites {heading!r}: not a heading of docs/DECISIONS.md"
+            cited += 1
+    assert cited, "no citation found: the pattern no longer matches how the tree cites decisions"
 
 
 @pytest.mark.L0

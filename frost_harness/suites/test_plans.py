@@ -174,6 +174,59 @@ def test_a_hit_reads_values_only_where_there_are_some(monkeypatch):
 
 
 @pytest.mark.L0
+def test_a_traced_hit_reads_values_only_where_the_launch_needs_them(monkeypatch):
+    """A call traced by torch.compile (``check_lengths=False``): its first call validates fully,
+    its hits read no values where the launch needs none (dense padding, packed with both
+    max_seqlen_*), and only the lengths (unchecked) where it does (packed without them)."""
+    from frost import validation
+    from frost.records import Options, Tensors
+
+    reads = []
+    read = validation._check_int_vector
+    monkeypatch.setattr(validation, "_check_int_vector", lambda name, *a: reads.append(name) or read(name, *a))
+    traced = Options(causal=True, check_lengths=False)
+    q, k, v = _dense()
+    pq, pk, pv, packed = _packed()
+    calls = {
+        "padded": (Tensors(q, k, v, seqlens_k=torch.tensor([3, 8], dtype=torch.int32)), traced),
+        "packed, longest given": (Tensors(pq, pk, pv, **packed), traced._replace(max_seqlen_q=7, max_seqlen_k=8)),
+        "packed": (Tensors(pq, pk, pv, **packed), traced),
+    }
+    expected = {"padded": [], "packed, longest given": [], "packed": ["cu_seqlens_q", "cu_seqlens_k"]}
+    for name, (tensors, options) in calls.items():
+        first = plans.cache.serve("forward", tensors, options)
+        assert reads, name  # the first call of a signature is validated in full
+        reads.clear()
+        torch.testing.assert_close(plans.cache.serve("forward", tensors, options), first, rtol=0, atol=0)
+        assert reads == expected[name], name
+        reads.clear()
+    # unchecked: a bad value on a traced hit is not caught (a CUDA-graph replay's trust), a checked call's is
+    bad = Tensors(q, k, v, seqlens_k=torch.tensor([3, 9], dtype=torch.int32))
+    plans.cache.serve("forward", bad, traced)
+    with pytest.raises(ValueError, match="^seqlens_k: values must lie in"):
+        plans.cache.serve("forward", bad, traced._replace(check_lengths=True))
+
+
+@pytest.mark.L0
+def test_trailing_empty_sequences_are_not_launched():
+    """cu_seqlens with room for more sequences (zero-length ones at its end, as a traced caller
+    builds it with a slot per token): the problem launches the sequences before them, the
+    results are those of the short cu_seqlens, and the rows past its end stay untouched."""
+    pq, pk, pv, packed = _packed(lengths_q=(3, 7), lengths_k=(3, 7))
+    roomy = torch.tensor([0, 3, 10, 10, 10, 10], dtype=torch.int32)
+    route = frost.route(pq, pk, pv, cu_seqlens_q=roomy, cu_seqlens_k=roomy, causal=True)
+    assert route.problem.batch == 2
+    mark = ledger.mark()
+    got = frost.sdpa_forward(pq, pk, pv, cu_seqlens_q=roomy, cu_seqlens_k=roomy, causal=True)
+    assert ledger.since(mark)[0].problem.batch == 2
+    expected = frost.sdpa_forward(pq, pk, pv, **packed, causal=True)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # an empty sequence before a non-empty one stays: it is not trailing
+    gap = torch.tensor([0, 3, 3, 10, 10], dtype=torch.int32)
+    assert frost.route(pq, pk, pv, cu_seqlens_q=gap, cu_seqlens_k=gap).problem.batch == 3
+
+
+@pytest.mark.L0
 @pytest.mark.parametrize("engine", ["torch-sdpa", "unfused"])
 def test_the_functional_api_records_no_graph(engine):
     """sdpa_forward / sdpa_backward are not differentiable: on inputs that require grad (they

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from frost_harness.invocation import SUITES
-from frost_harness.reports import cli, fuzzlog, html, publish, records, stats, tables, verdict
+from frost_harness.reports import cli, fuzzlog, html, junit_summary, progress, publish, records, stats, tables, verdict
 
 
 def _row(test_id, engine, passed, *, direction="forward", mode="routed", native=True, group="dense",
@@ -95,7 +95,8 @@ def test_frost_report_under_xdist(tmp_path, capfd):
     status = cli.main(["--level", "L0", "--out", str(tmp_path), "-n", "2", "--", *selection])
     printed = capfd.readouterr().out
     assert status == 0, printed
-    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == ["records-gw0.jsonl.gz", "records-gw1.jsonl.gz"]
+    assert sorted(p.name for p in (tmp_path / "records").glob("records-*")) == ["records-gw0.jsonl.gz",
+                                                                               "records-gw1.jsonl.gz"]
     df = pd.read_csv(tmp_path / "cases.csv.gz")
     assert df["test_id"].nunique() == 6 and df["passed"].all()
     assert set(df["worker"]) == {"gw0", "gw1"}
@@ -103,6 +104,9 @@ def test_frost_report_under_xdist(tmp_path, capfd):
     assert "frost routing summary" in printed and "12 cases (6 routed, 6 forced): 12 passed, 0 failed" in printed
     assert "torch-sdpa (forward): unsupported: packed (THD) layout with cu_seqlens" in printed
     assert (tmp_path / "routing.md").exists() and (tmp_path / "pass_rate.md").exists()
+    # the progress line once pytest is done (both workers' tests), then the slowest tests from junit.xml
+    assert f"frost-report: [{'#' * progress.BAR_WIDTH}] 6/6 tests, " in printed
+    assert "frost-report: slowest 6 tests (setup + call + teardown):" in printed and "GPU tests" not in printed
 
 
 # error statistics, drift, the run folder and its HTML page -----------------------------
@@ -220,7 +224,8 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="suites.test_x" name="test_bad[a-1]" time="0.1"><failure message="assert 1 == 2&#10;more">
 trace</failure></testcase><testcase classname="" name="suites/test_broken.py" time="0"><error
  message="collection failure">ImportError</error></testcase><testcase classname="suites.test_x" name="test_skip"
- time="0"><skipped message="no"/></testcase><testcase classname="suites.test_x" name="test_limit[w0]" time="0.1"><skipped
+ time="0"><properties><property name="gpu" value="1"/></properties><skipped message="no"/></testcase>
+<testcase classname="suites.test_x" name="test_limit[w0]" time="0.1"><skipped
  type="pytest.xfail" message="known limit"/></testcase></testsuite></testsuites>"""
 
 
@@ -232,7 +237,91 @@ def test_junit_is_read_test_by_test(tmp_path):
     assert junit.xfailed == {"suites/test_x.py::test_limit[w0]"}
     assert junit.failed == [("suites/test_x.py::test_bad[a-1]", "assert 1 == 2")]
     assert junit.errors == [("suites/test_broken.py", "collection failure")]
+    assert [(c.test_id, c.outcome, c.message, c.gpu) for c in junit.cases] == [
+        ("suites/test_x.py::test_ok", "passed", "", False),
+        ("suites/test_x.py::test_bad[a-1]", "failed", "assert 1 == 2", False),
+        ("suites/test_broken.py", "error", "collection failure", False),
+        ("suites/test_x.py::test_skip", "skipped", "no", True),  # marked gpu
+        ("suites/test_x.py::test_limit[w0]", "xfailed", "known limit", False)]
+    assert junit.counts() == "5 tests: 1 passed, 1 failed, 1 errors, 2 skipped"
     assert verdict.read_junit(tmp_path / "missing.xml") is None
+
+
+def _case(test_id, outcome="passed", seconds=1.0, message="", gpu=False):
+    return verdict.JunitCase(test_id, outcome, seconds, message, gpu)
+
+
+@pytest.mark.L0
+def test_slowest_tests_and_gpu_tests_from_junit():
+    cases = [_case(f"t.py::test_{k}", seconds=k) for k in range(25)] + [
+        _case("g.py::test_fwd[a]", gpu=True), _case("g.py::test_fwd[b]", "failed", gpu=True),
+        _case("g.py::test_bwd[a]", "skipped", message="needs a CUDA device", gpu=True),
+        _case("g.py::test_bwd[b]", "skipped", message="needs a CUDA device", gpu=True),
+        _case("g.py::test_racecheck", "skipped", message="no compute-sanitizer", gpu=True)]  # fmt: skip
+    junit = verdict.JunitTests(total=len(cases), cases=cases)
+    slowest = junit_summary.slowest_lines(junit)
+    assert len(slowest) == 21 and slowest[0] == "slowest 20 tests (setup + call + teardown):"
+    assert slowest[1].split() == ["24.00", "s", "t.py::test_24", "(passed)"] and "test_5 " in slowest[-1]
+    assert junit_summary.gpu_lines(junit) == [
+        "GPU tests: 5 selected, 2 ran, 3 skipped",
+        "  ran g.py::test_fwd: 1 failed, 1 passed",
+        "  skipped 2: needs a CUDA device",
+        "    g.py::test_bwd (2)",
+        "  skipped 1: no compute-sanitizer",
+        "    g.py::test_racecheck (1)",
+    ]
+    assert junit_summary.gpu_lines(verdict.JunitTests(total=1, cases=cases[:1])) == []  # no GPU test selected
+
+
+@pytest.mark.L0
+def test_progress_line():
+    assert progress.Progress().line() == "collecting"
+    assert progress.Progress(collected=8, done=2).line() == f"[{'#' * 6}{' ' * 18}] 2/8 tests"
+    assert progress.Progress(collected=8, done=8, failed=1, collection_errors=1).line().endswith("8/8 tests, 2 failed")
+    assert progress.Progress(collected=0).line() == f"[{'#' * 24}] 0/0 tests"
+    assert progress.clock(125.7) == "2:05" and progress.clock(-4) == "0:00"
+
+
+REPORTED_MODULE = """
+import pytest
+
+pytestmark = pytest.mark.L0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 2])
+def test_on_gpu(n):
+    pass
+
+
+def test_passes():
+    pass
+
+
+def test_fails():
+    assert False, "injected"
+"""
+
+
+@pytest.mark.L0
+def test_frost_report_with_a_failing_test_is_red_and_says_which_gpu_tests_ran(tmp_path, capfd):
+    """A failing test makes frost-report red; its progress line counts every test, and the GPU tests
+    it selected are listed as run or skipped, with the reason (on a CPU: no CUDA device)."""
+    (tmp_path / "test_reported.py").write_text(REPORTED_MODULE)
+    status = cli.main(["--level", "L0", "--out", str(tmp_path / "out"), "--", str(tmp_path / "test_reported.py"),
+                       "-p", "frost_harness.suites.conftest", f"--rootdir={tmp_path}", "-p", "no:cacheprovider"])
+    printed = capfd.readouterr().out
+    assert status == 1, printed
+    assert "frost-report: FAILED: pytest exit 1 (tests failed); 1 tests failed, 0 errored" in printed
+    assert "frost-report:   FAILED test_reported.py::test_fails: AssertionError: injected" in printed
+    assert progress.read(tmp_path / "out" / "records") == progress.Progress(collected=4, done=4, failed=1)
+    assert f"frost-report: [{'#' * progress.BAR_WIDTH}] 4/4 tests, 1 failed, " in printed
+    assert "frost-report: slowest 4 tests (setup + call + teardown):" in printed
+    import torch
+
+    ran = 2 if torch.cuda.is_available() else 0
+    assert f"frost-report: GPU tests: 2 selected, {ran} ran, {2 - ran} skipped" in printed
+    assert ran or "frost-report:   skipped 2: needs a CUDA device\nfrost-report:     test_reported.py::test_on_gpu (2)" in printed
 
 
 @pytest.mark.L0

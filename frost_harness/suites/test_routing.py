@@ -111,7 +111,7 @@ def test_forced_engine_that_declines_raises_with_its_reason():
 
 @pytest.mark.L0
 def test_unknown_engine_raises():
-    known = "'sdpa_fwd_sm80', 'sm80', 'torch-sdpa', 'unfused'"
+    known = "'sdpa_fwd_sm80', 'sm80', 'torch-sdpa', 'unfused', 'torch-cudnn'"
     with pytest.raises(ValueError, match=f"^engine: unknown forward engine 'sm99' \\(known: {known}\\)"):
         frost.sdpa_forward(*_tensors(), engine="sm99")
 

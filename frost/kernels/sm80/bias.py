@@ -45,8 +45,7 @@ CTA visits each such tile (a CTA walks the query heads of its GQA share one afte
   element stored once, then summed over the broadcast dimensions by torch in a fixed order
   (bitwise reproducible, no float atomics). Workspace: ``4 * B * Hq * Sq * Sk`` bytes (for a
   [1, Hq, Sq, Sk] bias, B times a float32 copy of it). Rejected for now: an ordered
-  accumulation with per-tile turn counters as the ordered dQ uses (memory of the bias alone),
-  because every (batch, head) would have to pass its turn on the tiles it never visits
+  accumulation with per-tile turn counters (memory of the bias alone), because every (batch, head) would have to pass its turn on the tiles it never visits
   (padding, windows, causal blocks), which the key-block grid does not enumerate.
 
 Only the valid region is written. The plan zero-fills a target the stores do not cover in

@@ -19,7 +19,7 @@ Per step (query head h, query block m), with lse2 = lse*log2(e) and D from
     P, dS -> shared (io dtype); barrier
     bias of the next step -> shared  cp.async (a float32 bias, bias_staged: bias.py)
     dV += P^T.dO                    mma (dkv layout, operands via ldmatrix.trans)
-    dQ = dS.K -> reductions         (deterministic mode: only ordered, below)
+    dQ = dS.K -> reductions         (deterministic mode: only sliced, below)
     dK += dS^T.Q                    issued after the dQ reductions, which drain under it
 
 (``dq_first``: the dQ product and its reductions before the dV product, so that they drain
@@ -34,33 +34,6 @@ room past its end), and ``sm80/bwd_convert`` reads the chunk back in the same
 order, scales it and stores dq. ``dq_reduce_width`` 2 or 4 use
 red.global.add.v2/v4.f32 (SM90).
 
-Ordered dQ (``dq_ordered``, deterministic mode): the same reductions, but each
-query block's contributions arrive in a fixed order of key blocks. Before reducing into
-block (h, m), thread 0 waits until the block's counter says every key block before it
-that sees it has added its share (``ordered_turn``; its first read is issued at the start of
-the step, so in the usual case, the turn already reached, the wait costs no memory round
-trip); after the dK product (under which the reductions drain) a barrier, then thread 0
-releases the counter by one. With warp turns (``dq_warp_turns``) each warp does this on a
-counter of its own: a thread's reductions touch the same addresses in every CTA and no
-other warp's, so only the same warp of the other key blocks orders them, and the two CTA
-barriers per step are gone. The release is a GPU-scope fence: it waits until the warp's
-reductions have landed, the main price of the order (H200: about 5-9% of the step; a relaxed
-release, unsafe, measured that much cheaper). So the reductions go out as early as the step
-allows: 4 floats each where the device has ``red.global.add.v4.f32`` (SM90), and with
-``dq_first`` before the dV product, so that two products hide their drain instead of one.
-Fixed order, fixed fp32 sums: bitwise reproducible, with no dQ recompute pass. The order is
-the walk's (order.py, which also argues why no CTA waits on one not yet launched):
-
-- shared (any mask): key blocks lowest first, launched so (heavy_first); each walks its query
-  blocks from the highest down, so the key blocks of a column that run at once start on the same
-  (last) block and move in step, each a fraction of a step behind the one before it;
-- rotated (unmasked, a head's key blocks fit on the device at once): key block n walks from
-  block n on, launched in grid order; a block's turns are the order the walk reaches it in, so
-  key blocks on time no longer queue for the same block at every step;
-- diagonal (a right-bounded mask: causal, right windows): each key block walks up from its first
-  block, the turns go highest key block first, which is the order the walk reaches a block in;
-  launched in groups of heads, lowest key block first within a group (``cta_coords``).
-
 Sliced dQ (``dq_slices``, deterministic mode, FlashAttention-2's way): the grid's x holds
 slices, and CTA x walks one key block of each round of ``slices`` of its (sequence, kv head,
 split part), x in even rounds and slices - 1 - x in odd ones (a zigzag that evens out causal
@@ -68,10 +41,7 @@ work), one after another (``key_block_pass``), reducing dQ into slice x of the a
 other CTA touches. A thread reduces into the same addresses in every step, so its adds land in
 program order: fixed fp32 sums with no turns, counters or fences. ``sm80/bwd_convert`` sums the
 slices in slice order. The price is the slices' memory (the engine keeps them few,
-``engines/sm80.dq_slice_count``) and a CTA barrier between key blocks. With ``dq_slice_reverse``
-the odd rounds take their steps in reverse, so a round starts on the chunks the one before it
-ended on, while their lines may still be in L2; each chunk still gets one add per round, in
-round order, so dQ is bit for bit the same (dK and dV sum their steps in another order). Without a left window
+``engines/sm80.dq_slice_count``) and a CTA barrier between key blocks. Without a left window
 (``dq_slice_stores``) the CTA writes its slice whole: its first key block, the lowest of its
 walk, sees every query block a later one does (both ends of ``m_block_range`` grow with the key
 block, and only a left window moves the upper end), so that block *stores* its dQ, the later ones
@@ -109,7 +79,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, nvvm
 
-from frost.kernels.sm80 import order, recompute, tiles
+from frost.kernels.sm80 import recompute, tiles
 from frost.kernels.sm80.bias import BiasTileCopy, ScoreBias, bias_view, staged_layout
 from frost.kernels.sm80.config import CLUSTER_STASH_PAD
 from frost.kernels.sm80.mask import AttentionMask
@@ -127,22 +97,16 @@ PACKED = P.layout == "thd"
 # shared memory is short) step i+1's loads start once every warp is done with step i's tiles
 STAGES = P.qdo_stages
 DQ_WIDTH = P.dq_reduce_width
-ORDERED = P.dq_ordered
-ROTATED = P.dq_walk == "rotated"    # ordered dQ: each key block walks its query blocks from its own on
-DIAGONAL = P.dq_walk == "diagonal"  # ordered dQ: walks up from its first, turns highest key block first
-TURN_SLOTS = P.dq_turn_slots  # turn counters per query block: one per warp (dq_warp_turns) or per CTA
 HAS_BIAS = P.bias_dtype is not None
 HAS_DBIAS = P.dbias_dtype is not None  # a bias whose gradient is wanted
 BIAS_STAGED = P.bias_staged  # the bias tile comes through shared memory by cp.async (bias.py)
-SLICED = P.dq_slices  # deterministic: each CTA reduces dQ into a slice of its own, no turns
-SLICE_REVERSE = P.dq_slice_reverse  # the sliced dQ's odd rounds walk their steps in reverse
+SLICED = P.dq_slices  # deterministic: each CTA reduces dQ into a slice of its own
 SPLIT_CLUSTER = P.split_cluster  # a split group's CTAs of a key block sum dK, dV as a cluster (0: partials)
-GRID_ORDER = grid_order(P.heavy_first, P.batch_inner)  # blocks fastest with slices or a diagonal walk
+GRID_ORDER = grid_order(P.heavy_first, P.batch_inner)  # blocks fastest with slices
 
 
 class BwdTensors(NamedTuple):
-    """The kernel's global tensors: dq_accum None in deterministic mode (unless ``dq_ordered``,
-    which adds dq_counters, int32 (B, H, query blocks x TURN_SLOTS), or ``dq_slices``); dk, dv fp32
+    """The kernel's global tensors: dq_accum None in deterministic mode unless ``dq_slices``; dk, dv fp32
     partials with a leading split index when ``split_group``; bias and dbias (its target: bias.py)
     None without a bias."""
 
@@ -153,7 +117,6 @@ class BwdTensors(NamedTuple):
     lse2: cute.Tensor
     d: cute.Tensor
     dq_accum: cute.Tensor | None
-    dq_counters: cute.Tensor | None
     dk: cute.Tensor
     dv: cute.Tensor
     bias: cute.Tensor | None
@@ -178,11 +141,11 @@ class BwdSetup(NamedTuple):
 @cute.jit
 def sdpa_bwd(
     mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor,
-    mdQaccum: cute.Tensor | None, mdQcounters: cute.Tensor | None, mdK: cute.Tensor, mdV: cute.Tensor,
+    mdQaccum: cute.Tensor | None, mdK: cute.Tensor, mdV: cute.Tensor,
     mBias: cute.Tensor | None, mdBias: cute.Tensor | None, mCuSeqlensQ: cute.Tensor | None,
     mCuSeqlensK: cute.Tensor | None, mSeqlensQ: cute.Tensor | None, mSeqlensK: cute.Tensor | None,
     scale: Float32, scale_log2: Float32, window_left: Int32, window_right: Int32, max_seqlen_k: Int32,
-    num_splits: Int32, launch_group: Int32, stream,
+    num_splits: Int32, stream,
 ):
     setup = BwdSetup(
         tiles.smem_layout(DTYPE, TILE_M, TILE_HDIM_QK, STAGES),
@@ -217,9 +180,9 @@ def sdpa_bwd(
     # (head slot = kv head * splits + split), so the rank in the cluster is the split
     cluster = launch_grid(GRID_ORDER, 1, SPLIT_CLUSTER, 1) if const_expr(SPLIT_CLUSTER) else None
     bwd_kernel(
-        BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias),
+        BwdTensors(mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdK, mdV, mBias, mdBias),
         SeqlenTensors(mCuSeqlensQ, mCuSeqlensK, mSeqlensQ, mSeqlensK),
-        scale, scale_log2, window_left, window_right, num_splits, launch_group, setup, SharedStorage,
+        scale, scale_log2, window_left, window_right, num_splits, setup, SharedStorage,
     ).launch(grid=grid, block=[NUM_THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
              cluster=cluster)
 
@@ -227,12 +190,12 @@ def sdpa_bwd(
 @cute.kernel
 def bwd_kernel(
     tensors: BwdTensors, lengths: SeqlenTensors, scale: Float32, scale_log2: Float32,
-    window_left: Int32, window_right: Int32, num_splits: Int32, launch_group: Int32, setup: BwdSetup,
+    window_left: Int32, window_right: Int32, num_splits: Int32, setup: BwdSetup,
     SharedStorage: cutlass.Constexpr,
 ):
-    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = tensors
+    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdK, mdV, mBias, mdBias = tensors
     tidx, _, _ = cute.arch.thread_idx()
-    n_block, head_slot, batch = cta_coords(launch_group)
+    n_block, head_slot, batch = grid_coords(GRID_ORDER)
     head_kv = head_slot // num_splits
     split = head_slot % num_splits
     seqlen = SeqlenInfo.create(batch, mQ, mK, lengths)
@@ -282,7 +245,7 @@ def bwd_kernel(
         for round_ in cutlass.range(first_round, (num_key_blocks + num_slices - 1) // num_slices, unroll=1):
             key_block = round_ * num_slices + n_block + (round_ % 2) * (num_slices - 1 - 2 * n_block)
             if key_block < num_key_blocks:
-                key_block_pass(cta, key_block, slice_head, False, round_ % 2)
+                key_block_pass(cta, key_block, slice_head, False)
                 cute.arch.barrier()
     else:
         key_block_pass(cta, n_block, 0, False)
@@ -313,14 +276,12 @@ class KeyBlockCta(NamedTuple):
 
 
 @cute.jit
-def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass.Constexpr[bool], reverse=0):
+def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass.Constexpr[bool]):
     """Key block ``n_block``: K, V resident, every step that sees it (module docstring), then dK
     and dV stored. ``slice_head``: where this CTA's dQ slice starts on the accumulator's head axis
     (sliced dQ; 0 otherwise); ``first_of_walk``: the sliced dQ's first key block, which stores
-    its dQ with ``dq_slice_stores`` (a copy of the pass of its own: a branch per step spilled);
-    ``reverse`` 1: the steps in reverse order (``dq_slice_reverse``'s odd rounds; a compile-time
-    copy of the pass for them took 8-24 B more stack than this runtime choice on three sm_90 records)."""
-    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdQcounters, mdK, mdV, mBias, mdBias = cta.tensors
+    its dQ with ``dq_slice_stores`` (a copy of the pass of its own: a branch per step spilled)."""
+    mQ, mK, mV, mdO, mLSE2, mD, mdQaccum, mdK, mdV, mBias, mdBias = cta.tensors
     setup, tidx, step, loads, seqlen, batch = cta.setup, cta.tidx, cta.step, cta.loads, cta.seqlen, cta.batch
     sBias, bias_copy, mask, sK, sV = cta.sBias, cta.bias_copy, cta.mask, cta.sK, cta.sV
     head_kv, split, first_head, heads_per_cta = cta.head_kv, cta.split, cta.first_head, cta.heads_per_cta
@@ -336,33 +297,24 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
     load_kv(setup.gmem_tiled_copy_load, tidx, mK, mV, sK, sV, seqlen, batch, head_kv, n_block)
     num_steps = num_m_blocks * heads_per_cta
     if num_steps > 0:
-        first_step = step_coords(walk_step(0, num_steps, reverse), first_head, heads_per_cta, n_block, m_block_min,
-                                 m_block_max, num_m_blocks)
+        first_step = step_coords(0, first_head, m_block_min, num_m_blocks)
         loads.issue(*first_step, 0)
         if const_expr(BIAS_STAGED):
             bias_copy.issue(mBias, batch, first_step[0], seqlen, first_step[1], n_block)
     cute.arch.cp_async_commit_group()
 
     for i in cutlass.range(num_steps, unroll=1):
-        head, m_block = step_coords(walk_step(i, num_steps, reverse), first_head, heads_per_cta, n_block,
-                                    m_block_min, m_block_max, num_m_blocks)
+        head, m_block = step_coords(i, first_head, m_block_min, num_m_blocks)
         stage = i % STAGES
         gLSE2 = cute.local_tile(seqlen.lse_row(mLSE2, batch, head), (TILE_M,), (m_block,))
         gD = cute.local_tile(seqlen.lse_row(mD, batch, head), (TILE_M,), (m_block,))
         row_lse2, row_d = recompute.row_stats(gLSE2, gD, step.tScS_mn, seqlen.seqlen_q - m_block * TILE_M)
 
-        counter, seen = None, Int32(0)
-        if const_expr(ORDERED):
-            # read the block's counter now, so its latency hides under this step's products
-            slot = m_block * TURN_SLOTS + (tidx // 32 if const_expr(P.dq_warp_turns) else 0)
-            counter = mdQcounters.iterator + cute.crd2idx((batch, head, slot), mdQcounters.layout)
-            seen = peek_turn(counter, tidx)
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # this step's Q, dO landed; every warp is done with the previous step
         if const_expr(STAGES == 2):
             if i + 1 < num_steps:
-                next_head, next_m_block = step_coords(walk_step(i + 1, num_steps, reverse), first_head,
-                                                      heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks)
+                next_head, next_m_block = step_coords(i + 1, first_head, m_block_min, num_m_blocks)
                 loads.issue(next_head, next_m_block, 1 - stage)
             cute.arch.cp_async_commit_group()
 
@@ -380,32 +332,26 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
         cute.arch.barrier()  # P, dS complete in shared memory
         if const_expr(BIAS_STAGED):  # every warp has read this step's bias tile: the next one's goes there
             if i + 1 < num_steps:
-                next_head, next_m_block = step_coords(walk_step(i + 1, num_steps, reverse), first_head,
-                                                      heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks)
+                next_head, next_m_block = step_coords(i + 1, first_head, m_block_min, num_m_blocks)
                 bias_copy.issue(mBias, batch, next_head, seqlen, next_m_block, n_block)
             cute.arch.cp_async_commit_group()
         if const_expr(not P.dq_first):
             step.accumulate_dv(acc_dV, stage)
         if const_expr(P.reduces_dq):
             acc_dQ = step.dq_product()
-            if const_expr(ORDERED):
-                wait_turn(counter, ordered_turn(mask, n_block, m_block, num_m_blocks), seen, tidx)
             accum_head = head + slice_head if const_expr(SLICED) else head
             chunk = seqlen.dq_accum_chunk(mdQaccum, batch, accum_head, m_block, TILE_M, TILE_HDIM_QK)
             if const_expr(P.dq_slice_stores and first_of_walk):
                 write_dq(acc_dQ, chunk, tidx)
             else:
                 reduce_dq(acc_dQ, chunk, tidx)
-        if const_expr(P.dq_first):  # the reductions drain under both products (ordered dQ: module docstring)
+        if const_expr(P.dq_first):  # the reductions drain under both products
             step.accumulate_dv(acc_dV, stage)
         step.accumulate_dk(acc_dK, stage)
-        if const_expr(ORDERED):
-            pass_turn(counter, tidx)
         if const_expr(STAGES == 1):  # the one buffer is free once every warp's dK and dV products read it
             cute.arch.barrier()
             if i + 1 < num_steps:
-                next_head, next_m_block = step_coords(walk_step(i + 1, num_steps, reverse), first_head,
-                                                      heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks)
+                next_head, next_m_block = step_coords(i + 1, first_head, m_block_min, num_m_blocks)
                 loads.issue(next_head, next_m_block, 0)
             cute.arch.cp_async_commit_group()
 
@@ -600,115 +546,10 @@ def write_dq(acc_dQ: cute.Tensor, g_chunk: cute.Tensor, tidx):
         target.store(cute.make_tensor(acc_dQ.iterator + DQ_WIDTH * j, cute.make_layout(DQ_WIDTH)).load())
 
 
-def walk_step(i, num_steps, reverse):
-    """The step a key block's pass takes at its ``i``-th turn: ``i``, or with ``dq_slice_reverse``
-    and ``reverse`` 1, ``num_steps - 1 - i``."""
-    if const_expr(SLICE_REVERSE):
-        return i + reverse * (num_steps - 1 - 2 * i)
-    return i
-
-
-def step_coords(i, first_head, heads_per_cta, n_block, m_block_min, m_block_max, num_m_blocks):
+def step_coords(i, first_head, m_block_min, num_m_blocks):
     """The (query head, query block) of step ``i``: the CTA's heads one after another, each
-    walking its query blocks ascending; rotated by the key block (``ROTATED``, order.py: the CTAs
-    of a column start on different blocks); diagonal (``DIAGONAL``: blocks ascending, heads the
-    fastest index); under ordered dQ otherwise the shared walk (order.py: blocks descending,
-    heads the fastest index, so that no key block waits at a head's first block for the lower
-    ones to finish the head before)."""
-    if const_expr(DIAGONAL):
-        head_offset, m_block = order.diagonal_coords(i, heads_per_cta, m_block_min)
-        return first_head + head_offset, m_block
-    if const_expr(ORDERED and not ROTATED):
-        head_offset, m_block = order.ordered_coords(i, heads_per_cta, m_block_max)
-        return first_head + head_offset, m_block
-    head = first_head + i // num_m_blocks
-    if const_expr(ROTATED):
-        return head, m_block_min + order.rotated_m_block(n_block, i % num_m_blocks, num_m_blocks)
-    return head, m_block_min + i % num_m_blocks
-
-
-@cute.jit
-def ordered_turn(mask: AttentionMask, n_block, m_block, num_m_blocks) -> Int32:
-    """How many key blocks reduce into query block ``m_block`` before ``n_block`` does: the lower
-    ones that see it. The key blocks that see a query block are one contiguous run (both ends
-    of ``m_block_range`` grow with the key block), which starts at ``n_block_range``'s first.
-    Rotated (unmasked: every key block sees all ``num_m_blocks``): the order in which they reach
-    it (order.py). Diagonal: the higher ones that see it (order.py)."""
-    first, end = mask.n_block_range(m_block)
-    turn = n_block - first
-    if const_expr(ROTATED):
-        turn = order.rotated_turn(n_block, m_block, num_m_blocks, end - first, cutlass.min, cutlass.max)
-    if const_expr(DIAGONAL):
-        turn = order.diagonal_turn(n_block, end)
-    return turn
-
-
-@cute.jit
-def peek_turn(counter, tidx) -> Int32:
-    """The first (acquire) read of a counter, issued early: by thread 0 (other threads get 0), or
-    with warp turns by every thread of the warp (one load: the same address)."""
-    seen = Int32(0)
-    if const_expr(P.dq_warp_turns):
-        seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
-    elif tidx == 0:
-        seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
-    return seen
-
-
-@cute.jit
-def wait_turn(counter, turn: Int32, seen: Int32, tidx):
-    """Spin (acquire) until ``turn`` key blocks have released the counter, starting from ``seen``
-    (``peek_turn``'s read: when it already suffices, nothing waits). CTA turns: thread 0 spins,
-    then a barrier lets all go. Warp turns: every thread spins on its warp's counter, so each
-    thread's acquire orders its own reductions; no barrier."""
-    if const_expr(P.dq_warp_turns):
-        while seen < turn:
-            seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
-    else:
-        if tidx == 0:
-            while seen < turn:
-                seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
-        cute.arch.barrier()
-
-
-@cute.jit
-def pass_turn(counter, tidx):
-    """Release the counter once every thread of the CTA (CTA turns) or of the warp (warp turns)
-    has issued its reductions. No per-thread GPU fence: the barrier orders each thread's
-    reductions before the releasing thread's (CTA or warp scope), and the release is cumulative,
-    so an acquirer of the new count is ordered after all of them (PTX memory model; the pattern
-    of CUTLASS's ``Barrier::arrive_inc``). A fence here would stall every thread until its
-    reductions reached L2.
-
-    Released here, after the dK product under which the reductions drain. Tried: releasing in
-    the middle of the next step, after its score products (one barrier less per step, the
-    reductions long landed): deterministic mode cost 3-13% more on every MHA benchmark shape
-    (H200, benchmarks/NOTES.md), likely because the release then also waits for the next step's
-    Q / dO loads that thread 0 has in flight by then."""
-    if const_expr(P.dq_warp_turns):
-        cute.arch.sync_warp()
-        if tidx % 32 == 0:
-            cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
-    else:
-        cute.arch.barrier()
-        if tidx == 0:
-            cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
-
-
-@cute.jit
-def cta_coords(launch_group: Int32):
-    """(key block, head slot, sequence) of this CTA: as the grid's order places them (grid.py:
-    heavy_first, batch_inner), or for the diagonal walk (blocks-fastest grid) launched in groups
-    of heads (order.grouped_launch; ``launch_group`` 0: a head at a time, highest key block first)."""
-    n_block, head_slot, batch = grid_coords(GRID_ORDER)
-    if const_expr(DIAGONAL):
-        num_n, head_slots, num_batch = cute.arch.grid_dim()
-        n_block, head = order.grouped_launch(n_block + num_n * (head_slot + head_slots * batch), num_n,
-                                             head_slots * num_batch, cutlass.max(launch_group, 1), cutlass.min)
-        if launch_group == 0:
-            n_block = num_n - 1 - n_block
-        head_slot, batch = head % head_slots, head // head_slots
-    return n_block, head_slot, batch
+    walking its query blocks ascending."""
+    return first_head + i // num_m_blocks, m_block_min + i % num_m_blocks
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ no reduction, slice or copy passes of its own.
 
 One CTA per (block of ``ROWS`` key rows, kv head, dk or dv); a thread owns
 ``VEC`` consecutive columns of a row: for each split it reads them (32 bytes,
-a warp covers whole rows; ``split_unroll`` splits' loads are issued before
+a warp covers whole rows; ``SPLIT_UNROLL`` splits' loads are issued before
 their in-order adds) and it stores one 16-byte vector. Column vectors at or
 past the head dim are not touched (head dims are multiples of 8). Dense
 rows are (sequence, key) pairs of the padded extent, all written (the main
@@ -28,7 +28,11 @@ DTYPE = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[P.dtype]
 PACKED = P.layout == "thd"
 TILE_HDIM_QK, TILE_HDIM_V = P.tile_hdim_qk, P.tile_hdim_v
 NUM_THREADS = 128
-ROWS = P.rows_per_cta
+# 16 key rows per CTA and 4 splits' loads in flight: with 64 rows and one split at a time the
+# combine was latency-bound where its grid is small (docs/DECISIONS.md, "Backward: the split
+# group's combine, 16 key rows per CTA")
+ROWS = 16
+SPLIT_UNROLL = 4
 VEC = 8  # one 16-byte store of fp16/bf16
 
 
@@ -81,16 +85,16 @@ def combine_rows(mPart: cute.Tensor, mOut: cute.Tensor, mCuSeqlensK: cute.Tensor
 
 @cute.jit
 def sum_splits_staged(acc: cute.Tensor, mPart: cute.Tensor, row, head, column_vector):
-    """acc += the splits' columns in split order, ``split_unroll`` splits at a time, each group's
+    """acc += the splits' columns in split order, ``SPLIT_UNROLL`` splits at a time, each group's
     loads issued before its first add, so that they are in flight together."""
     num_splits = mPart.shape[0]
-    for first in cutlass.range(0, num_splits, P.split_unroll, unroll=1):
-        # split_unroll x (VEC,): the group's columns, loaded first
-        staged = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(P.split_unroll)]
-        for i in cutlass.range_constexpr(P.split_unroll):
+    for first in cutlass.range(0, num_splits, SPLIT_UNROLL, unroll=1):
+        # SPLIT_UNROLL x (VEC,): the group's columns, loaded first
+        staged = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(SPLIT_UNROLL)]
+        for i in cutlass.range_constexpr(SPLIT_UNROLL):
             if first + i < num_splits:
                 staged[i].store(_columns(mPart, row, head, first + i, column_vector).load())
-        for i in cutlass.range_constexpr(P.split_unroll):
+        for i in cutlass.range_constexpr(SPLIT_UNROLL):
             if first + i < num_splits:
                 acc.store(acc.load() + staged[i].load())
 

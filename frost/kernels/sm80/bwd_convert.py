@@ -8,7 +8,7 @@ sliced dQ's last round holds the high key blocks), so their lines are read back
 while still in L2. The CTA has the main kernel's threads and dQ MMA, and reads,
 scales and stores the block as ``sm80/dq_chunks`` says. With ``dq_slices`` (deterministic
 mode) the block is the sum of the accumulator's slices, in slice order
-(``slice_unroll`` slices' loads issued before their adds); with
+(``dq_chunks.SLICE_UNROLL`` slices' loads issued before their adds); with
 ``dq_slice_stores`` the chunks a slice's walk never reached were not written
 and are skipped (``sum_slices``). Dense padded rows come out as zeros: nothing
 but +-0 was reduced or stored into them, and a chunk no key block reached was
@@ -34,7 +34,7 @@ TILE_M, NUM_THREADS = P.tile_m, P.num_threads
 TILE_HDIM_QK = P.tile_hdim_qk  # dQ's columns
 PACKED = P.layout == "thd"
 SLICED = P.dq_slices  # the accumulator holds slices, summed here in order (sm80/bwd.py, "Sliced dQ")
-CHUNKS = dq_chunks.DqChunks(TILE_M, TILE_HDIM_QK, NUM_THREADS, P.dq_reduce_width, P.slice_unroll)
+CHUNKS = dq_chunks.DqChunks(TILE_M, TILE_HDIM_QK, NUM_THREADS, P.dq_reduce_width)
 
 
 class ConvertSetup(NamedTuple):

@@ -17,9 +17,6 @@ dense, [H, T] packed):
 
 Packed rows past a sequence belong to the next one and are not written.
 
-With ``dq_counters`` it also zeroes the ordered deterministic mode's
-turn counters, ``dq_counters`` per (sequence, head, accumulator chunk).
-
 With ``accum_tile_m`` (the default mode) it also zeroes the flat dQ
 accumulator that ``sm80/bwd`` reduces into (layout: ``seqlen.py``): CTA m
 zeroes floats ``[m, m + 1) * tile_m * tile_hdim_qk`` of its (sequence, head)
@@ -65,7 +62,6 @@ class BwdPreTensors(NamedTuple):
     sinks: cute.Tensor | None
     dsink_partial: cute.Tensor | None
     dq_accum: cute.Tensor | None
-    dq_counters: cute.Tensor | None
 
 
 @cute.jit
@@ -80,7 +76,6 @@ def sdpa_bwd_pre(
     mSinks: cute.Tensor | None,
     mDsinkPartial: cute.Tensor | None,
     mdQaccum: cute.Tensor | None,
-    mdQcounters: cute.Tensor | None,
     max_seqlen_q: Int32,
     stream,
 ):
@@ -88,7 +83,7 @@ def sdpa_bwd_pre(
     num_chunks, num_heads, num_batch = launch_extents(mO, mCuSeqlensQ, max_seqlen_q, extent_tile, PACKED)
     num_m_blocks = num_chunks * (extent_tile // TILE_M)
     bwd_pre_kernel(
-        BwdPreTensors(mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum, mdQcounters),
+        BwdPreTensors(mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum),
         tiles.gmem_store_copy(DTYPE, TILE_HDIM_V, NUM_THREADS),
     ).launch(grid=launch_grid(BLOCKS_FASTEST, num_m_blocks, num_heads, num_batch), block=[NUM_THREADS, 1, 1],
              smem=128, stream=stream)
@@ -96,7 +91,7 @@ def sdpa_bwd_pre(
 
 @cute.kernel
 def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
-    mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum, mdQcounters = tensors
+    mO, mdO, mLSE, mD, mLSE2, mCuSeqlensQ, mSeqlensQ, mSinks, mDsinkPartial, mdQaccum = tensors
     tidx, _, _ = cute.arch.thread_idx()
     m_block, head, batch = grid_coords(BLOCKS_FASTEST)
     # keys are not read here: the query side's lengths stand in for them
@@ -107,10 +102,6 @@ def bwd_pre_kernel(tensors: BwdPreTensors, gmem_tiled_copy: cute.TiledCopy):
             zero_accum_rows(mdQaccum, seqlen, batch, head + s * heads, m_block, tidx)
     elif const_expr(ACCUM_TILE_M > 0):
         zero_accum_rows(mdQaccum, seqlen, batch, head, m_block, tidx)
-    if const_expr(P.dq_counters):
-        # dq_counters per accumulator chunk: the chunk's first CTA here zeroes them, a thread each
-        if tidx < P.dq_counters and (m_block * TILE_M) % ACCUM_TILE_M == 0:
-            mdQcounters[batch, head, m_block * TILE_M // ACCUM_TILE_M * P.dq_counters + tidx] = Int32(0)
 
     # (TILE_M, TILE_HDIM_V) tiles of O and dO; read straight into registers
     gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (TILE_M, TILE_HDIM_V), (m_block, 0))

@@ -134,9 +134,8 @@ def _build_bwd_pre(params: BwdPreParams, options: str):
         if params.has_sinks else None
     )
     dq_accum = fake_dq_accum(packed) if params.accum_tile_m else None
-    counters = fake_dq_counters() if params.dq_counters else None
     return cute.compile(
-        module.sdpa_bwd_pre, o, do, lse, d, lse2, cu_q, seqlens_q, sinks, partial, dq_accum, counters, Int32(0),
+        module.sdpa_bwd_pre, o, do, lse, d, lse2, cu_q, seqlens_q, sinks, partial, dq_accum, Int32(0),
         make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
     )
 
@@ -146,12 +145,6 @@ def fake_dq_accum(packed: bool):
     rank = 2 if packed else 3
     shape = tuple(cute.sym_int() for _ in range(rank))
     return make_fake_compact_tensor(Float32, shape, stride_order=tuple(reversed(range(rank))), assumed_align=16)
-
-
-def fake_dq_counters():
-    """The ordered deterministic mode's int32 turn counters: (B, H, query blocks x turn slots), compact."""
-    shape = tuple(cute.sym_int() for _ in range(3))
-    return make_fake_compact_tensor(Int32, shape, stride_order=(2, 1, 0), assumed_align=4)
 
 
 def fake_partials(packed: bool, tile_hdim: int):
@@ -179,16 +172,15 @@ def _build_bwd(params: BwdParams, options: str):
         dk, dv = fake_rows_tensor(dtype, packed, dim_qk), fake_rows_tensor(dtype, packed, dim_v)
     lse2, d = fake_lse_tensor(packed), fake_lse_tensor(packed)
     dq_accum = fake_dq_accum(packed) if params.reduces_dq else None
-    counters = fake_dq_counters() if params.dq_ordered else None
     cu_q = fake_vector(Int32) if packed else None
     cu_k = fake_vector(Int32) if packed else None
     seqlens_q = fake_vector(Int32) if params.has_seqlens else None
     seqlens_k = fake_vector(Int32) if params.has_seqlens else None
     bias, dbias = fake_bias_tensor(params.bias_dtype), fake_bias_tensor(params.dbias_dtype)
     return cute.compile(
-        module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, counters, dk, dv, bias, dbias,
+        module.sdpa_bwd, q, k, v, do, lse2, d, dq_accum, dk, dv, bias, dbias,
         cu_q, cu_k, seqlens_q, seqlens_k,
-        Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0), Int32(1), Int32(0),
+        Float32(1.0), Float32(1.0), Int32(-1), Int32(-1), Int32(0), Int32(1),
         make_fake_stream(use_tvm_ffi_env_stream=True), options=options,
     )
 
@@ -357,10 +349,9 @@ class BwdLaunch(NamedTuple):
 
     pre: Any      # bwd_pre
     main: Any     # bwd
-    last: Any     # bwd_convert (an accumulator: default and ordered or sliced deterministic), else bwd_dq
+    last: Any     # bwd_convert (an accumulator: default and sliced deterministic), else bwd_dq
     combine: Any  # bwd_combine for a split GQA group's partials (``splits`` > 1 without a cluster sum), else None
     splits: int
-    launch_group: int  # the diagonal walk's heads launched together (sm80/order.py)
     zero_accum: bool   # False: bwd_pre leaves the accumulator alone (compiled without it: dq_slice_stores)
     convert_masked: bool  # bwd_convert reads k and the key lengths (BwdConvertParams.dq_slice_stores)
     scale: float
@@ -376,12 +367,12 @@ def launch_bwd(chain: BwdLaunch, t: Tensors, grads: Grads, scratch: dict) -> Non
     kernels write them; dbias, dsinks where wanted).
 
     ``t`` is the call's tensors; ``scratch`` the carved workspace (d, lse2;
-    dq_accum unless deterministic; dsink_partial with sinks; dk_partial, dv_partial when
-    ``splits`` > 1; dq_counters in the ordered deterministic mode; with a bias, dbias_target, what
-    the main kernel writes dS into: dbias itself, or a float32 accumulator or partials that are
-    reduced into dbias at the end, sm80/bias.py). Default mode and ordered or sliced
-    deterministic mode: bwd_pre (which also zeroes the accumulator and counters), bwd (dK, dV,
-    dQ reductions), bwd_convert (dq). Deterministic without an accumulator: bwd_pre, bwd (dK, dV
+    dq_accum unless the deterministic mode recomputes dQ; dsink_partial with sinks; dk_partial,
+    dv_partial when ``splits`` > 1; with a bias, dbias_target, what the main kernel writes dS
+    into: dbias itself, or a float32 accumulator or partials that are reduced into dbias at the
+    end, sm80/bias.py). Default mode and sliced deterministic mode: bwd_pre (which also zeroes
+    the accumulator unless the main kernel writes it whole), bwd (dK, dV, dQ reductions),
+    bwd_convert (dq). Deterministic without an accumulator: bwd_pre, bwd (dK, dV
     only), bwd_dq. Split GQA groups (bwd_combine): the fp32 partials are summed in split order
     into dk, dv (with a cluster sum the main kernel writes dk and dv itself).
 
@@ -390,16 +381,16 @@ def launch_bwd(chain: BwdLaunch, t: Tensors, grads: Grads, scratch: dict) -> Non
     kernel still runs and writes dk = dv = 0; with no key rows bwd_convert / bwd_dq write dq = 0.
     """
     queries, keys = chain.batch > 0 and chain.max_seqlen_q > 0, chain.batch > 0 and chain.max_seqlen_k > 0
-    accum, counters = scratch.get("dq_accum"), scratch.get("dq_counters")
+    accum = scratch.get("dq_accum")
     scale, scale_log2, left, right = chain.scale, chain.scale * LOG2_E, chain.window_left, chain.window_right
     if queries:
         chain.pre(t.o, t.do, t.lse, scratch["d"], scratch["lse2"], t.cu_seqlens_q, t.seqlens_q, t.sinks,
-                  scratch.get("dsink_partial"), accum if chain.zero_accum else None, counters, chain.max_seqlen_q)
+                  scratch.get("dsink_partial"), accum if chain.zero_accum else None, chain.max_seqlen_q)
     dk_out, dv_out = (scratch["dk_partial"], scratch["dv_partial"]) if chain.combine is not None else (grads.dk, grads.dv)
     if keys:
-        chain.main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, counters, dk_out, dv_out,
+        chain.main(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], accum, dk_out, dv_out,
                    t.bias, scratch.get("dbias_target"), t.cu_seqlens_q, t.cu_seqlens_k, t.seqlens_q, t.seqlens_k,
-                   scale, scale_log2, left, right, chain.max_seqlen_k, chain.splits, chain.launch_group)
+                   scale, scale_log2, left, right, chain.max_seqlen_k, chain.splits)
     if queries and accum is None:
         chain.last(t.q, t.k, t.v, t.do, scratch["lse2"], scratch["d"], grads.dq, t.bias, t.cu_seqlens_q,
                    t.cu_seqlens_k, t.seqlens_q, t.seqlens_k, scale, scale_log2, left, right, chain.max_seqlen_q)

@@ -187,20 +187,17 @@ class BwdPreParams(_Tiles):
     tile_m: int = 64
     num_warps: int = 4
     accum_tile_m: int = 0   # the main kernel's tile_m whose dQ accumulator chunks this pass zeroes; 0: none
-    # also zero the ordered deterministic mode's turn counters, this many per accumulator chunk
-    # (one per CTA, or one per warp: BwdParams.dq_turn_slots); 0: none
-    dq_counters: int = 0
     # the accumulator holds slices (BwdParams.dq_slices, a runtime count): zero every one of them
     dq_slices: bool = False
 
     @classmethod
     def of(cls, main: "BwdParams", has_sinks: bool) -> "BwdPreParams":
-        """The pass before ``main``: it zeroes the accumulator (and the ordered dQ's counters)
-        unless the main kernel writes it whole (``dq_slice_stores``)."""
+        """The pass before ``main``: it zeroes the accumulator unless the main kernel writes it
+        whole (``dq_slice_stores``)."""
         zeroes = main.reduces_dq and not main.dq_slice_stores
         return cls(dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=main.layout,
                    has_seqlens=main.has_seqlens, has_sinks=has_sinks, accum_tile_m=main.tile_m if zeroes else 0,
-                   dq_counters=main.dq_turn_slots, dq_slices=main.dq_slices and zeroes)
+                   dq_slices=main.dq_slices and zeroes)
 
     def num_m_blocks(self, seqlen_q: int) -> int:
         """The grid's query-block extent: whole accumulator chunks when it zeroes them."""
@@ -217,20 +214,15 @@ class BwdPreParams(_Tiles):
             bad(f"tile_m must be a multiple of {rows_per_step} (rows per copy step)")
         if self.accum_tile_m < 0 or self.accum_tile_m % self.tile_m:
             bad("accum_tile_m must be 0 or a multiple of tile_m")
-        if self.dq_counters < 0 or self.dq_counters > self.num_threads:
-            bad(f"dq_counters must be 0..{self.num_threads} (each thread zeroes at most one per chunk)")
-        if self.dq_counters and not self.accum_tile_m:
-            bad("dq_counters count accumulator chunks: they need accum_tile_m")
-        if self.dq_slices and (self.dq_counters or not self.accum_tile_m):
-            bad("dq_slices zeroes an accumulator's slices (accum_tile_m), which take no turns (dq_counters)")
+        if self.dq_slices and not self.accum_tile_m:
+            bad("dq_slices zeroes an accumulator's slices: it needs accum_tile_m")
         return self
 
 
 DQ_REDUCE_WIDTHS = (1, 2, 4)  # floats per dQ reduction; 2 and 4 (red.global.add.v2/v4.f32) need SM90
-DQ_WALKS = ("shared", "rotated", "diagonal")  # the ordered dQ's walks (sm80/order.py)
 # BwdParams.split_cluster: none, or clusters of 2 CTAs. 4 and 8 (portable sizes too) were measured
-# and dropped: at one CTA per SM their main kernels took twice as long (H100, benchmarks/NOTES.md,
-# twenty-fifth session)
+# and dropped: at one CTA per SM their main kernels took twice as long (H100, docs/DECISIONS.md,
+# "Backward: cluster sum of a 2-way split")
 SPLIT_CLUSTERS = (0, 2)
 # fp32 elements past each row of the cluster sum's stash: a row of 8 (mod 32) words puts the 4
 # rows of a half warp's fragment stores on distinct banks
@@ -239,9 +231,9 @@ CLUSTER_STASH_PAD = 8
 
 @dataclasses.dataclass(frozen=True)
 class BwdParams(_Tiles):
-    """Everything that changes the generated code of ``sm80/bwd`` (dK, dV and, unless
-    ``deterministic``, dQ by reductions into a flat fp32 accumulator) and of
-    ``sm80/bwd_dq`` (the deterministic dQ pass, which reads the same record).
+    """Everything that changes the generated code of ``sm80/bwd`` (dK, dV and dQ by reductions
+    into a flat fp32 accumulator; deterministic, into slices of it, ``dq_slices``, or not at all)
+    and of ``sm80/bwd_dq`` (the deterministic dQ recompute, which reads the same record).
 
     The MMA warp layouts follow FlashAttention-2's SM80 backward: S and dP tile
     ``(tile_m, tile_n)`` with ``warps_m_sdp`` warps along M; dK and dV tile
@@ -264,7 +256,7 @@ class BwdParams(_Tiles):
     has_window_left: bool
     has_window_right: bool
     bottom_right: bool
-    deterministic: bool     # no dQ reductions in sm80/bwd; sm80/bwd_dq computes dQ per query block
+    deterministic: bool     # dQ in slices (dq_slices), or no dQ reductions: sm80/bwd_dq computes it per query block
     # floats per dQ reduction into the flat accumulator: 1 (red.global.add.f32, SM80) or 2 / 4
     # (red.global.add.v2 / v4.f32: fewer, wider reductions, but SM90 only, so the kernel compiles
     # for sm_90; compile.target_arch)
@@ -273,21 +265,8 @@ class BwdParams(_Tiles):
     # partials in the workspace, summed in split order afterwards (deterministic)
     split_group: bool = False
     heavy_first: bool = False  # key blocks launched across the whole grid heaviest (lowest) first
-    # deterministic mode without the dQ recompute: dQ is reduced as in the default mode but in a
-    # fixed order per query block, each CTA waiting on a per-block counter for its turn
-    # (sm80/bwd.py, "Ordered dQ")
-    dq_ordered: bool = False
-    # the ordered dQ's walk (sm80/order.py; None without ordered dQ): "shared" (any mask; key
-    # blocks lowest first, launched so: heavy_first), "rotated" (unmasked; each key block starts
-    # on its own query block; a head's key blocks launched together) or "diagonal" (each key block
-    # walks up from its first query block, the turns highest key block first; launched in
-    # groups of heads, ``launch_group``, not heavy_first)
-    dq_walk: str | None = None
-    # each warp waits for its turn and releases it on a counter of its own (its reductions touch
-    # addresses no other warp of the CTA does): no CTA barrier around the reductions
-    dq_warp_turns: bool = False
     # the dQ product and its reductions come first in a step, before the dV product, so that both
-    # the dK and the dV products run while the reductions drain (ahead of the ordered dQ's release)
+    # the dK and the dV products run while the reductions drain
     dq_first: bool = False
     bias_dtype: str | None = None   # an additive bias read by the recompute of P; None: none
     # where dS goes as dbias: stored per element in this dtype (the bias's own without broadcast;
@@ -307,7 +286,7 @@ class BwdParams(_Tiles):
     # a float32 bias tile is copied into shared memory by cp.async a step ahead (sm80/bias.py,
     # BiasTileCopy) instead of read from global memory where the scores need it
     bias_staged: bool = False
-    # deterministic mode without turns: the grid's x holds dQ slices, and CTA x walks one key
+    # deterministic mode: the grid's x holds dQ slices, and CTA x walks one key
     # block of each round of ``slices`` (a zigzag), reducing dQ into slice x of the accumulator,
     # which no other CTA touches; bwd_convert sums the slices in order (sm80/bwd.py, "Sliced dQ");
     # the slice count is runtime
@@ -316,9 +295,6 @@ class BwdParams(_Tiles):
     # left window every later key block of the walk sees only query blocks the first one saw)
     # and zeros go where its walk sees no query block, so bwd_pre zeroes no slice
     dq_slice_stores: bool = False
-    # the sliced dQ's odd rounds take their steps in reverse, starting on the chunks the round
-    # before ended on (their lines may still be in L2); dQ's adds keep their order
-    dq_slice_reverse: bool = False
     # a split group's CTAs of one key block run as a cluster of this many (the split count; 0:
     # none), which sum dK and dV in split order through distributed shared memory and write dk
     # and dv themselves: no fp32 partials, no bwd_combine (sm80/bwd.py, "Cluster sum"; SM90)
@@ -330,12 +306,7 @@ class BwdParams(_Tiles):
     @property
     def reduces_dq(self) -> bool:
         """Whether the main kernel reduces dQ into the flat accumulator (else sm80/bwd_dq computes it)."""
-        return not self.deterministic or self.dq_ordered or self.dq_slices
-
-    @property
-    def dq_turn_slots(self) -> int:
-        """Turn counters per query block (ordered dQ): one per warp, or one per CTA; 0: none."""
-        return 0 if not self.dq_ordered else self.num_warps if self.dq_warp_turns else 1
+        return not self.deterministic or self.dq_slices
 
     @property
     def dq_chunk(self) -> int:
@@ -349,17 +320,12 @@ class BwdParams(_Tiles):
 
     def cluster_fits(self, size: int) -> bool:
         """Whether a split group's CTAs of a key block can sum dK and dV as a cluster of ``size``
-        (``split_cluster``): the grid's own head order (not the diagonal walk's), whole rows per
-        CTA, and the fp32 stash within the kernel's shared tiles."""
-        fits = self.cluster_stash_bytes() <= self.smem_bytes()
-        return self.dq_walk != "diagonal" and self.tile_n % size == 0 and fits
+        (``split_cluster``): whole rows per CTA, and the fp32 stash within the kernel's shared tiles."""
+        return self.tile_n % size == 0 and self.cluster_stash_bytes() <= self.smem_bytes()
 
     def smem_bytes(self) -> int:
-        widths = self.tile_hdim_qk + self.tile_hdim_v
-        k_v = self.tile_n * widths
-        q_do = self.qdo_stages * self.tile_m * widths  # Q and dO, a tile per stage each
-        p_ds = 2 * self.tile_m * self.tile_n
-        return 2 * (k_v + q_do + p_ds) + (4 * self.tile_m * self.tile_n if self.bias_staged else 0)
+        tiles = _bwd_tiles_smem(self.tile_m, self.tile_n, self.qdo_stages, self.tile_hdim_qk + self.tile_hdim_v)
+        return tiles + (4 * self.tile_m * self.tile_n if self.bias_staged else 0)
 
     def validate(self) -> "BwdParams":
         bad = _checker(self)
@@ -386,25 +352,13 @@ class BwdParams(_Tiles):
         if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
             bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
         if self.dq_reduce_width > 1 and not self.reduces_dq:
-            bad("the deterministic mode reduces dQ in the main kernel only in order or in slices")
-        if (self.dq_ordered or self.dq_slices) and not self.deterministic:
-            bad("dq_ordered and dq_slices are ways of the deterministic mode")
-        if self.dq_slices and (self.dq_ordered or self.heavy_first or self.batch_inner):
-            bad("dq_slices launches slices on the grid's x: no ordered walk, heavy_first or batch_inner")
+            bad("the deterministic mode reduces dQ in the main kernel only in slices")
+        if self.dq_slices and not self.deterministic:
+            bad("dq_slices is a way of the deterministic mode")
+        if self.dq_slices and (self.heavy_first or self.batch_inner):
+            bad("dq_slices launches slices on the grid's x: no heavy_first or batch_inner")
         if self.dq_slice_stores and (not self.dq_slices or self.has_window_left):
             bad("dq_slice_stores writes the sliced dQ's slices whole (dq_slices), which a left window breaks")
-        if self.dq_slice_reverse and not self.dq_slices:
-            bad("dq_slice_reverse orders the sliced dQ's rounds (dq_slices)")
-        if self.dq_ordered != (self.dq_walk is not None) or self.dq_walk not in (None, *DQ_WALKS):
-            bad(f"dq_walk is one of {DQ_WALKS} with ordered dQ, None without")
-        if self.dq_walk == "shared" and not self.heavy_first:
-            bad("the shared walk needs heavy_first: key blocks launched lowest first (each waits on the ones below it)")
-        if self.dq_walk in ("rotated", "diagonal") and self.heavy_first:
-            bad(f"the {self.dq_walk} walk launches a head's key blocks together, not heavy_first")
-        if self.dq_walk == "rotated" and (self.has_window_left or self.has_window_right):
-            bad("the rotated walk needs an unmasked problem")
-        if self.dq_warp_turns and not self.dq_ordered:
-            bad("dq_warp_turns is a way of the ordered dQ")
         if self.dq_first and not self.reduces_dq:
             bad("dq_first orders the main kernel's dQ reductions: it needs them (reduces_dq)")
         if self.dq_chunk % (self.num_threads * self.dq_reduce_width):
@@ -422,13 +376,12 @@ class BwdParams(_Tiles):
             bad("dbias_reduce_width is 1, or 2 with dbias_reduce")
         if self.bias_staged and self.bias_dtype != "float32":
             bad("bias_staged copies float32 elements (4-byte cp.async): a float32 bias only")
-        if self.batch_inner and (self.heavy_first or self.dq_ordered):
-            bad("batch_inner is a launch order of its own: not with heavy_first or an ordered dQ walk")
+        if self.batch_inner and self.heavy_first:
+            bad("batch_inner is a launch order of its own: not with heavy_first")
         if self.split_cluster not in SPLIT_CLUSTERS or (self.split_cluster and not self.split_group):
             bad(f"split_cluster is one of {SPLIT_CLUSTERS[1:]} with split_group, 0 without")
         if self.split_cluster and not self.cluster_fits(self.split_cluster):
-            bad("split_cluster needs the grid's own head order (not the diagonal walk's), tile_n rows per CTA "
-                "and its fp32 dK / dV stash within the shared tiles")
+            bad("split_cluster needs tile_n rows per CTA and its fp32 dK / dV stash within the shared tiles")
         return self
 
     @property
@@ -441,29 +394,26 @@ class BwdParams(_Tiles):
 def bwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
-    split_group: bool = False, dq_ordered: bool = False, dq_slices: bool = False, bias_dtype: str | None = None,
-    bias_broadcast: bool = False, bias_grad: bool = True, dq_slice_stores: bool = True,
-    dq_slice_reverse: bool = False, smem_limit: int = SMEM_BYTES_MAX,
+    split_group: bool = False, dq_slices: bool = False, bias_dtype: str | None = None,
+    bias_broadcast: bool = False, bias_grad: bool = True, smem_limit: int = SMEM_BYTES_MAX,
 ) -> BwdParams:
     """Lower a backward problem to the main kernel's params, with the largest tiles of ``BWD_TILES``
     that fit ``smem_limit`` bytes of shared memory per block (the device's). ``dq_reduce_width``,
-    ``split_group`` and, deterministic, ``dq_ordered`` or ``dq_slices`` are the engine's choices per
-    device and per problem size (frost/engines/sm80.py); the sliced dQ writes its slices whole
-    (``dq_slice_stores``) wherever it can, unless that is turned off, and its odd rounds walk in
-    reverse with ``dq_slice_reverse``. ``bias_broadcast``: the bias has size 1
-    where the problem has several batches or heads, so dbias sums over them (sm80/bias.py says
-    how); ``bias_grad`` False: no dbias is made.
+    ``split_group`` and, deterministic, ``dq_slices`` (else the bwd_dq recompute) are the engine's
+    choices per device and per problem size (frost/engines/sm80.py); the sliced dQ writes its
+    slices whole (``dq_slice_stores``) wherever no left window forbids it. ``bias_broadcast``: the
+    bias has size 1 where the problem has several batches or heads, so dbias sums over them
+    (sm80/bias.py says how); ``bias_grad`` False: no dbias is made.
 
-    d64 issues the dQ product first (``dq_first``) with the ordered dQ and with 4-float
-    reductions, the two ways whose reductions it pays to start early. Measured on the H200
-    (benchmarks/NOTES.md): ordered, 1.5-2.5% cheaper (d128 1-3% dearer); default mode, 4 floats
-    and dQ first +2-3% on d64 (neither alone gained; d128 1-4% slower)."""
+    d64 issues the dQ product first (``dq_first``) with the sliced dQ and with 4-float
+    reductions, the ways whose reductions it pays to start early. Measured on the H200
+    (docs/DECISIONS.md, "Backward: 4-float dQ reductions and the dQ product first for d64"):
+    default mode, 4 floats and dQ first +2-3% on d64 (neither alone gained; d128 1-4% slower)."""
     flavor = flavor_for(head_dim_qk, head_dim_v)
     if flavor is None:
         raise ValueError(f"no flavor covers head dims {head_dim_qk}/{head_dim_v}")
-    ordered = deterministic and dq_ordered
-    sliced = deterministic and dq_slices and not ordered
-    dq_reduce_width = dq_reduce_width if not deterministic or ordered or sliced else 1
+    sliced = deterministic and dq_slices
+    dq_reduce_width = dq_reduce_width if not deterministic or sliced else 1
     tile_qk, tile_v = FLAVORS[flavor]
     tile = bwd_tile_for(flavor, smem_limit)
     if tile is None:
@@ -473,11 +423,9 @@ def bwd_params_for(
         **tile._asdict(), layout=layout, has_seqlens=has_seqlens, has_window_left=window_left >= 0,
         has_window_right=window_right >= 0,
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
-        dq_reduce_width=dq_reduce_width, split_group=split_group, dq_ordered=ordered, heavy_first=ordered,
-        dq_walk="shared" if ordered else None,
-        dq_slices=sliced, dq_slice_stores=sliced and dq_slice_stores and window_left < 0,
-        dq_slice_reverse=sliced and dq_slice_reverse,
-        dq_first=flavor == "d64" and (ordered or sliced or (not deterministic and dq_reduce_width == 4)),
+        dq_reduce_width=dq_reduce_width, split_group=split_group,
+        dq_slices=sliced, dq_slice_stores=sliced and window_left < 0,
+        dq_first=flavor == "d64" and (sliced or (not deterministic and dq_reduce_width == 4)),
         **dbias_fields(bias_dtype, bias_broadcast, deterministic, bias_grad),
     ).validate()
 
@@ -508,10 +456,14 @@ class BwdTile(NamedTuple):
     qdo_stages: int
 
     def smem_bytes(self, flavor: str) -> int:
-        """Shared memory of the main kernel with these tiles (BwdParams.smem_bytes, no staged bias)."""
-        hdim_qk, hdim_v = FLAVORS[flavor]
-        widths = hdim_qk + hdim_v
-        return 2 * (self.tile_n * widths + self.qdo_stages * self.tile_m * widths + 2 * self.tile_m * self.tile_n)
+        """Shared memory of the main kernel with these tiles (no staged bias)."""
+        return _bwd_tiles_smem(self.tile_m, self.tile_n, self.qdo_stages, sum(FLAVORS[flavor]))
+
+
+def _bwd_tiles_smem(tile_m: int, tile_n: int, qdo_stages: int, widths: int) -> int:
+    """Bytes of the main backward kernel's io-dtype tiles: K and V (``widths`` = their head-dim
+    tiles together), Q and dO a tile per stage each, P and dS."""
+    return 2 * (tile_n * widths + qdo_stages * tile_m * widths + 2 * tile_m * tile_n)
 
 
 # flavor -> the main backward kernel's tiles, largest first: a device takes the first whose shared
@@ -565,21 +517,15 @@ class BwdConvertParams(_Tiles):
     has_window_right: bool = False
     bottom_right: bool = False
     has_window_left = False  # not a field: a left window rules out dq_slice_stores (AttentionMask reads it)
-    # the sum loads this many slices' values before adding them (in slice order), so that their
-    # loads are in flight together
-    slice_unroll: int = 1
 
     @classmethod
-    def of(cls, bwd: "BwdParams", slice_unroll: int | None = None) -> "BwdConvertParams":
-        """``slice_unroll`` (default ``SLICE_UNROLL``) applies to a sliced accumulator (``dq_slices``)
-        and is 1 otherwise."""
-        slice_unroll = slice_unroll or SLICE_UNROLL
+    def of(cls, bwd: "BwdParams") -> "BwdConvertParams":
         masked = dict(dq_slice_stores=True, tile_n=bwd.tile_n, has_seqlens=bwd.has_seqlens,
                       has_window_right=bwd.has_window_right, bottom_right=bwd.bottom_right)
         return cls(dtype=bwd.dtype, flavor=bwd.flavor, partial_hdim_qk=bwd.partial_hdim_qk, layout=bwd.layout,
                    tile_m=bwd.tile_m, num_warps=bwd.num_warps, warps_m_dq=bwd.warps_m_dq,
                    dq_reduce_width=bwd.dq_reduce_width, dq_slices=bwd.dq_slices,
-                   slice_unroll=slice_unroll if bwd.dq_slices else 1, **(masked if bwd.dq_slice_stores else {}))
+                   **(masked if bwd.dq_slice_stores else {}))
 
     def validate(self) -> "BwdConvertParams":
         bad = _checker(self)
@@ -589,17 +535,7 @@ class BwdConvertParams(_Tiles):
             bad("the dQ chunk must split evenly into the threads' reductions")
         if self.dq_slice_stores and not (self.dq_slices and self.tile_n > 0):
             bad("dq_slice_stores reads slices (dq_slices) by the main kernel's mask, which needs its tile_n")
-        if self.slice_unroll not in (1, 2, 4) or (self.slice_unroll > 1 and not self.dq_slices):
-            bad("slice_unroll must be 1, 2 or 4, and above 1 only for a sliced accumulator (dq_slices)")
         return self
-
-
-# BwdConvertParams.of's slice unroll of a sliced accumulator: 2 slices' loads before their adds took
-# the H100's deterministic converts from 26.1 / 44.3 / 27.6 / 93.2 / 386.3 us to 24.8 / 42.0 / 26.5 /
-# 92.0 / 385.6 us (d64 Hq8 / Hkv2 causal 4 and 8 slices, not causal, MQA causal, Hq32 / Hkv8 8
-# slices); 4 (208-210 registers, one CTA per SM) was slower on three of the four (benchmarks/NOTES.md,
-# twentieth session)
-SLICE_UNROLL = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -611,29 +547,14 @@ class BwdCombineParams(_Tiles):
     dtype: str
     flavor: str
     layout: str
-    rows_per_cta: int = 64  # key rows per CTA (fewer: more CTAs, more loads in flight)
-    # a thread loads this many splits' columns before adding them (in split order), so that
-    # their loads are in flight together
-    split_unroll: int = 1
 
     @classmethod
-    def of(cls, bwd: "BwdParams", fast: bool = True) -> "BwdCombineParams":
-        """``fast`` (the default): 16 rows per CTA and 4 splits' loads at a time (``COMBINE_FAST``);
-        otherwise 64 rows and one split at a time, the combine as it was before."""
-        return cls(dtype=bwd.dtype, flavor=bwd.flavor, layout=bwd.layout, **(COMBINE_FAST if fast else {}))
+    def of(cls, bwd: "BwdParams") -> "BwdCombineParams":
+        return cls(dtype=bwd.dtype, flavor=bwd.flavor, layout=bwd.layout)
 
     def validate(self) -> "BwdCombineParams":
-        bad = _checker(self)
-        if self.rows_per_cta not in (16, 32, 64) or self.split_unroll not in (1, 2, 4, 8):
-            bad("rows_per_cta must be 16, 32 or 64 and split_unroll 1, 2, 4 or 8")
+        _checker(self)
         return self
-
-
-# BwdCombineParams.of's default: with 64 rows and one split at a time the combine was latency-bound
-# where its grid is small; on the H200 this took it from 8.7 / 15.8 / 24.9 / 38.6 us to 6.2 / 12.0 /
-# 12.9 / 19.5 us (d64 GQA 2 and 4 splits, MQA 4 and 8) and left Hq32 / Hkv8's 4 splits (72 us,
-# memory-bound) as they were (benchmarks/NOTES.md, twentieth session)
-COMBINE_FAST = dict(rows_per_cta=16, split_unroll=4)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,11 @@ from frost.kernels.sm80.mask import AttentionMask
 from frost.kernels.sm80.seqlen import SeqlenInfo, dq_accum_slice
 
 
+# the slices whose loads are issued before their adds (``sum_slices``): the same bits, more
+# loads in flight (docs/DECISIONS.md, "bwd_convert: two slices' loads in flight")
+SLICE_UNROLL = 2
+
+
 class DqChunks(NamedTuple):
     """The compile-time facts of a chunk and of its readers (plain ints: one per kernel)."""
 
@@ -28,7 +33,6 @@ class DqChunks(NamedTuple):
     tile_hdim: int     # the flavor's Q/K tile: dQ's columns
     num_threads: int
     width: int         # floats per run (BwdParams.dq_reduce_width)
-    slice_unroll: int  # slices whose loads are issued before their adds (BwdConvertParams.slice_unroll)
 
 
 @cute.jit
@@ -60,15 +64,15 @@ def sum_slices(chunks: cutlass.Constexpr, acc: cute.Tensor, mdQaccum: cute.Tenso
     blocks do (sm80/bwd.py, "Sliced dQ"), so its chunk holds values iff the block is in that key
     block's range."""
     acc.fill(0.0)
-    for first in cutlass.range(0, num_slices, chunks.slice_unroll, unroll=1):
-        # slice_unroll x (frag): the group's values, all loaded before the first add
-        staged = [cute.make_rmem_tensor(acc.shape, Float32) for _ in range(chunks.slice_unroll)]
-        for i in cutlass.range_constexpr(chunks.slice_unroll):
+    for first in cutlass.range(0, num_slices, SLICE_UNROLL, unroll=1):
+        # SLICE_UNROLL x (frag): the group's values, all loaded before the first add
+        staged = [cute.make_rmem_tensor(acc.shape, Float32) for _ in range(SLICE_UNROLL)]
+        for i in cutlass.range_constexpr(SLICE_UNROLL):
             if first + i < num_slices and slice_written(mask, first + i, m_block):
                 chunk = seqlen.dq_accum_chunk(mdQaccum, batch, head + (first + i) * heads, m_block, chunks.tile_m,
                                               chunks.tile_hdim)
                 read_chunk(chunks, staged[i], chunk, tidx)
-        for i in cutlass.range_constexpr(chunks.slice_unroll):
+        for i in cutlass.range_constexpr(SLICE_UNROLL):
             if first + i < num_slices and slice_written(mask, first + i, m_block):
                 acc.store(acc.load() + staged[i].load())
 

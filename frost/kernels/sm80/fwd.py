@@ -42,9 +42,9 @@ batch size, sequence length, head count, head dim within the flavor, number
 of packed sequences and packed token total; only the params record (dtype,
 flavor, whether head dims fill it, tiles, features) is static.
 
-Not tried yet (candidates for the next step, unmeasured): a two-stage K/V
-pipeline (twice the K/V shared memory) and Q held in registers. The forward
-already runs at 1.07-1.17x FlashAttention-2 on the H200 (benchmarks/NOTES.md).
+Not measured: a two-stage K/V pipeline (twice the K/V shared memory) and Q
+held in registers. The forward runs at 1.06-1.57x FlashAttention-2 on the
+H200 over the 18 benchmark shapes (benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 

@@ -11,10 +11,8 @@ partial head dims, fp16 and bf16, the d64 and d128 flavors and the wide ones (d1
 RoPE (its pass: dense with 8-byte accesses, packed, padded), an additive bias (broadcast and
 not, float32 and io dtype, dense, padded, packed; GQA and MQA problems this small split their
 groups, so bwd_combine runs too). Each runs the forward, the backward in the
-default mode, and the deterministic mode four ways (ordered dQ, the default: warp turns on
-the rotated walk without a mask, the diagonal one with a right bound; the dQ recompute pass;
-the ordered dQ with CTA turns on the shared walk, one float per reduction, where the default
-takes another; the sliced dQ with two slices).
+default mode, and the deterministic mode three ways (the engine's choice, the sliced dQ; the
+dQ recompute pass; the sliced dQ with two slices).
 The sm80 engines are forced; nothing here judges accuracy (the GPU suites do that), only that
 every output a kernel writes is finite where the contract makes it finite.
 
@@ -65,17 +63,11 @@ FEATURES = {
     "bias_BH_padded": ((2, 200, 190, 2, 2, 128, 128), dict(bias="BH", window=(37, 5)), "padded"),
     "bias_11_packed_io": ((3, 160, 150, 4, 2, 64, 64), dict(bias="11", bias_io=True), "packed"),
 }
-MODES = ("default", "deterministic", "ordered", "recompute", "shared", "sliced")
+MODES = ("default", "deterministic", "recompute", "sliced")
 # deterministic: the engine's choice (the sliced dQ where its slices fit); the modes below force
-# one: ordered, dQ reduced in order (the walk engines/sm80.ordered_walk picks, warp turns);
-# recompute, the bwd_dq pass; shared, the ordered dQ on the shared walk with CTA turns, one float
-# per reduction, where the ordered default takes another walk (elsewhere it differs from it only
-# in its turns and width: not run); sliced, the sliced dQ with two slices, so that a CTA walks
+# one: recompute, the bwd_dq pass; sliced, the sliced dQ with two slices, so that a CTA walks
 # several key blocks where there are
-_FORCED = {"ordered": dict(sliced_dq=False),
-           "recompute": dict(ordered_dq=False),
-           "shared": dict(ordered_dq=True, dq_walk="shared", warp_turns=False, det_reduce_width=1),
-           "sliced": dict(sliced_dq=True, dq_slices=2)}
+_FORCED = {"recompute": dict(dq_recompute=True), "sliced": dict(dq_slices=2)}
 _PACKED_Q = (0, 97, 63)   # per-sequence lengths of the packed feature (an empty one first)
 _PACKED_K = (5, 80, 65)
 _PADDED_Q = (200, 0)      # the padded feature's valid lengths (an empty sequence)
@@ -127,7 +119,7 @@ def _offsets(lengths, device: str) -> torch.Tensor:
 def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", engine: str | None = "sm80") -> list[str]:
     """Run one feature through the forward and each backward mode; the problems found (non-finite
     outputs), as lines. ``device="cpu", engine=None`` runs the same calls on the CPU engines
-    (the recompute, shared and sliced modes are the sm80 engine's own: give them only with that engine)."""
+    (the recompute and sliced modes are the sm80 engine's own: give them only with that engine)."""
     gen = torch.Generator().manual_seed(seed)
     t, keywords = _inputs(name, gen, device)
     problems = []
@@ -137,19 +129,12 @@ def run_feature(name: str, modes=MODES, seed: int = 0, device: str = "cuda", eng
         call = dict(keywords, deterministic=mode != "default")
         if mode in _FORCED:
             problem, tensors = prepare("backward", t["q"], t["k"], t["v"], o=o, lse=lse, do=t["do"], **call)
-            if mode == "shared" and ordered_dq_walk(problem) == "shared":
-                continue
             dq, dk, dv, dbias, dsinks = Sm80Backward(**_FORCED[mode]).compile(problem).execute(tensors)
         else:
             dq, dk, dv, dbias, dsinks = frost.sdpa_backward(t["do"], t["q"], t["k"], t["v"], o, lse, engine=engine,
                                                             **call)  # fmt: skip
         problems += _non_finite(name, mode, dq=dq, dk=dk, dv=dv, dbias=dbias, dsinks=dsinks)
     return problems
-
-
-def ordered_dq_walk(problem) -> str:
-    """The walk the ordered dQ (the grid's "ordered" mode) takes for ``problem``."""
-    return Sm80Backward(**_FORCED["ordered"]).records(problem)[1].dq_walk
 
 
 def _non_finite(name: str, mode: str, **outputs) -> list[str]:

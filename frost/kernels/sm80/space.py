@@ -20,7 +20,7 @@ import dataclasses
 import itertools
 
 from frost.kernels.sm80.config import (
-    BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams, DQ_WALKS, SPLIT_CLUSTERS, FwdParams, bwd_params_for,
+    BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams, SPLIT_CLUSTERS, FwdParams, bwd_params_for,
     fwd_params_for,
 )
 from frost.kernels.sm80.rope_params import MAX_HEAD_DIM, RopeParams, rope_params_for
@@ -74,9 +74,6 @@ def admitted_fwd_params() -> list[FwdParams]:
     return list(seen)
 
 
-SLICED_WALKS = ("sliced", "sliced_zeroed", "sliced_reverse")
-
-
 # a GQA group unsplit (None), split with fp32 partials and bwd_combine (0), or split and summed by
 # clusters (BwdParams.split_cluster, SM90: engines/sm80.cluster_sums)
 SPLITS = (None, 0, *SPLIT_CLUSTERS[1:])
@@ -87,52 +84,36 @@ def admitted_bwd_params() -> list:
     bwd_dq, and bwd_combine for split groups), as ``frost.engines.sm80.backward_choices`` can
     produce them."""
     seen: dict = {}
-    # det, width, walk (ordered dQ; "sliced": the sliced dQ), warp turns; each walk only where
-    # engines/sm80.ordered_walk takes it
-    ordered = tuple((True, width, walk, turns) for width in (1, 4) for walk in DQ_WALKS for turns in (False, True))
-    # the sliced dQ writing its slices whole where it can (dq_slice_stores), and zeroed by bwd_pre;
-    # its odd rounds walking in reverse (dq_slice_reverse), at SM90's width
-    sliced = (*((True, width, walk, False) for width in (1, 4) for walk in ("sliced", "sliced_zeroed")),
-              (True, 4, "sliced_reverse", False))
-    modes = ((False, 1, None, False), (False, 4, None, False), (True, 1, None, False), *ordered, *sliced)
+    # (deterministic, reduce width, sliced dQ): the default mode, the recompute, the sliced dQ
+    modes = ((False, 1, False), (False, 4, False), (True, 1, False), (True, 1, True), (True, 4, True))
     # (dtype, broadcast, gradient wanted); without a gradient the broadcast changes no code
     biases = ((None, False, True), ("float32", False, True), ("float32", True, True), ("io", False, True),
               ("io", True, True), ("float32", False, False), ("io", False, False))
-    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, walk, turns), split, bias in (
+    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, sliced), split, bias in (
         itertools.product(("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(),
                           (False, True), (False, True), modes, SPLITS, biases)
     ):
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
-            dq_reduce_width=width, dq_ordered=walk in DQ_WALKS, dq_slices=walk in SLICED_WALKS,
-            bias_dtype=_bias_dtype(bias[0], dtype), bias_broadcast=bias[1], bias_grad=bias[2],
-            dq_slice_stores=walk != "sliced_zeroed", dq_slice_reverse=walk == "sliced_reverse",
+            dq_reduce_width=width, dq_slices=sliced, bias_dtype=_bias_dtype(bias[0], dtype),
+            bias_broadcast=bias[1], bias_grad=bias[2],
         )
-        walk = walk if walk in DQ_WALKS else None  # the sliced dQ walks no turns
-        unmasked = not (main.has_window_left or main.has_window_right)
-        if (walk == "rotated" and not unmasked) or (walk == "diagonal" and not main.has_window_right):
-            continue
         for bias_way in _bias_ways(main):
-            # the launch order as engines/sm80.backward_choices: the walk's, the slices', or heavy-first
-            # for a right-bounded mask with few heads (heavy_first_keeps_locality) and plain with many
-            orders = (walk == "shared",) if walk is not None else (
-                (False, True) if main.has_window_right and not bias_way["batch_inner"] and not main.dq_slices
-                else (False,))
+            # the launch order as engines/sm80.backward_choices: the slices', or heavy-first for a
+            # right-bounded mask with few heads (heavy_first_keeps_locality) and plain with many
+            orders = ((False, True) if main.has_window_right and not bias_way["batch_inner"] and not main.dq_slices
+                      else (False,))
             for heavy_first in orders:
                 record = dataclasses.replace(main, split_group=split is not None, heavy_first=heavy_first,
-                                             dq_walk=walk, dq_warp_turns=turns, split_cluster=split or 0, **bias_way)
+                                             split_cluster=split or 0, **bias_way)
                 if split and not record.cluster_fits(split):
                     continue  # backward_choices sums those splits through partials
                 seen[record.validate()] = None
         seen[BwdPreParams.of(main, sinks)] = None
         seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
-        if main.dq_slices:
-            for unroll in (1, 4):  # besides config.SLICE_UNROLL's 2
-                seen[BwdConvertParams.of(main, unroll)] = None
         if split == 0:
             seen[BwdCombineParams.of(main)] = None
-            seen[BwdCombineParams.of(main, fast=False)] = None
     return list(seen)
 
 
@@ -142,7 +123,7 @@ def _bias_ways(main) -> list[dict]:
     room); a reduced dbias with sequences launched fastest or not (a bias broadcast over the
     batch) and one or two floats per reduction (SM90, an even Sk)."""
     staged = (False, True) if main.bias_dtype == "float32" else (False,)
-    batch_inner = (False, True) if main.dbias_reduce and not main.dq_ordered else (False,)
+    batch_inner = (False, True) if main.dbias_reduce else (False,)
     widths = (1, 2) if main.dbias_reduce else (1,)
     return [dict(bias_staged=s, batch_inner=b, dbias_reduce_width=w)
             for s, b, w in itertools.product(staged, batch_inner, widths)]

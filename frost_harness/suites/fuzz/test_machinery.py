@@ -272,6 +272,13 @@ def test_budget_shares_chunks_and_seeds():
         budget.example_started()
         budget.example_finished()
         assert run.examples == 2 and run.examples_total == 2
+        run.failed = False
+        with budget.suspended():  # a single run (a fuzz test without @given): no share ends it, nothing counts
+            budget.example_started()
+            budget.example_finished()
+        assert run.examples == 2 and run.examples_total == 2 and budget.active() is run
+        with pytest.raises(budget.ShareSpent):
+            budget.example_started()
     finally:
         budget.activate(None)
 

@@ -7,6 +7,7 @@ where each worker must have seen its own ``CUDA_VISIBLE_DEVICES`` in the records
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import pandas as pd
 import pytest
 
 from frost_harness.fuzz import devices, nightly
-from frost_harness.reports import fuzzlog
+from frost_harness.reports import fuzzlog, progress, verdict
 
 pytestmark = pytest.mark.L0
 
@@ -99,19 +100,108 @@ def test_two_workers_each_use_their_own_device(tmp_path, capsys):
     assert len(pd.read_csv(merged / "cases.csv.gz")) == 2 * len(cases)
 
 
-def test_status_line_sums_the_workers_progress(tmp_path):
-    """The runner's live line reads what each worker's budget writes (at most once a second)."""
+def test_status_line_sums_the_workers_examples_and_reads_pytests_progress(tmp_path):
+    """The runner's live line: the examples each worker's budget writes (at most once a second) and
+    the tests pytest's progress plugin counts (frost_harness.reports.progress)."""
     from frost_harness.fuzz import budget
 
-    for worker, examples, failures in (("gw0", 3, 0), ("gw1", 5, 1)):
+    for worker, examples in (("gw0", 3), ("gw1", 5)):
         active = budget.Budget(until=time.time() + 60, seed=1, worker=worker, progress=tmp_path / f"progress-{worker}.json")
-        active.examples_total, active.chunks_failed = examples, failures
+        active.examples_total = examples
         active.write_progress()
         active.examples_total += 100
         active.write_progress()  # within the second: not written
-    assert nightly.status_line(tmp_path, 125.4) == "frost-fuzz: 8 examples, 1 failures, 2:05 left"
+    assert nightly.status_line(tmp_path, 125.4) == "frost-fuzz: 8 examples; collecting; 2:05 left"
+    (tmp_path / progress.FILE).write_text(json.dumps({"collected": 12, "done": 3, "failed": 1, "collection_errors": 0}))
     (tmp_path / "progress-gw2.json").write_text("{half a fi")  # being replaced: skipped, not fatal
-    assert nightly.status_line(tmp_path, -3) == "frost-fuzz: 8 examples, 1 failures, 0:00 left"
+    bar = "#" * 6 + " " * 18
+    assert nightly.status_line(tmp_path, -3) == f"frost-fuzz: 8 examples; [{bar}] 3/12 tests, 1 failed; 0:00 left"
+
+
+# A fuzz module of the runner's kind: a property (chunks), pinned cases without @given (single runs)
+PINNED_MODULE = """
+import pytest
+from hypothesis import given, strategies as st
+
+from frost_harness.fuzz import budget
+
+pytestmark = [pytest.mark.fuzz, pytest.mark.L0]
+
+
+@given(x=st.integers())
+def test_property(x):
+    budget.example_started()  # as frost_harness.fuzz.catalog.run does
+    budget.example_finished()
+
+
+@pytest.mark.parametrize("name", ["a", "b", "c"])
+def test_pinned(name):
+    budget.example_started()  # a pinned case runs the same helper as the search: the share must not end it
+    budget.example_finished()
+"""
+INJECTED_MODULE = """
+import pytest
+
+pytestmark = [pytest.mark.fuzz, pytest.mark.L0]
+
+
+def test_injected_failure():
+    assert False, "injected outside any chunk"
+"""
+
+
+def _fuzz_run(tmp_path, name: str, budget: str, workers: int, modules: dict[str, str]) -> tuple[int, Path]:
+    """frost-fuzz on test modules of its own in ``tmp_path`` (their rootdir there, so test ids read
+    ``test_x.py::...``), with the suites' conftest as a plugin."""
+    paths = []
+    for module, text in modules.items():
+        (tmp_path / module).write_text(text)
+        paths.append(str(tmp_path / module))
+    out = tmp_path / name
+    status = nightly.main(["--budget", budget, "--regime", "cpu", "--devices", "none", "--workers", str(workers),
+                           "--seed", "1", "--out", str(out), "--", *paths, "-p", "frost_harness.suites.conftest",
+                           f"--rootdir={tmp_path}"])  # fmt: skip
+    return status, out
+
+
+def test_pinned_cases_run_once_and_every_failed_test_counts(tmp_path, capsys):
+    """A budgeted run over fuzz tests without @given: each runs once (no seed, no chunk; on gw0 only
+    under --dist each) and passes. A failing one, outside any chunk, makes the headline red and is
+    listed in fuzz.md; the status line's and fuzz.md's counts are junit.xml's."""
+    status, out = _fuzz_run(tmp_path, "green", "12s", 1, {"test_pinned.py": PINNED_MODULE})
+    junit = verdict.read_junit(out / verdict.JUNIT_FILE)
+    assert status == 0, (out / "pytest.log").read_text()[-3000:]
+    assert [(c.test_id, c.outcome) for c in junit.cases] == [  # the single runs first
+        *((f"test_pinned.py::test_pinned[{name}]", "passed") for name in "abc"),
+        ("test_pinned.py::test_property", "passed")]
+    assert json.loads((out / "run.json").read_text())["verdict"].startswith("PASSED")
+    capsys.readouterr()
+
+    # two workers, --dist each: ~20 s leaves the property time for chunks after both start
+    status, out = _fuzz_run(tmp_path, "red", "20s", 2, {"test_pinned.py": PINNED_MODULE,
+                                                       "test_injected.py": INJECTED_MODULE})  # fmt: skip
+    printed = capsys.readouterr().out
+    junit = verdict.read_junit(out / verdict.JUNIT_FILE)
+    assert status == 1, printed
+    outcomes = collections.Counter((c.test_id, c.outcome) for c in junit.cases)
+    assert outcomes == {("test_pinned.py::test_property", "passed"): 2, ("test_injected.py::test_injected_failure",
+                        "failed"): 1, **{(f"test_pinned.py::test_pinned[{name}]", "passed"): 1 for name in "abc"}}
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["verdict"].startswith("FAILED: pytest exit 1 (tests failed); 1 tests failed"), meta["verdict"]
+    assert f"frost-fuzz: {meta['verdict']}\nfrost-fuzz:   FAILED test_injected.py::test_injected_failure: " in printed
+    chunks = pd.concat(pd.read_json(path, lines=True) for path in (out / "records").glob("fuzz-*.jsonl"))
+    assert set(chunks["test_id"]) == {"test_pinned.py::test_property"} and chunks["examples"].sum() > 0
+    examples = int(chunks["examples"].sum())
+    assert f"frost-fuzz: {examples} examples; {junit.counts()};" in printed  # the status line once pytest is done
+    assert junit.counts() == "6 tests: 5 passed, 1 failed, 0 errors, 0 skipped"
+    assert progress.read(out / "records") == progress.Progress(collected=6, done=6, failed=1)
+    fuzz_md = (out / "fuzz.md").read_text()
+    assert f"{examples} examples in {len(chunks)} chunks. pytest (junit.xml): {junit.counts()}." in fuzz_md
+    failed = fuzz_md.split("## Failed and errored tests")[1].split("##")[0]
+    assert ("| test_injected.py::test_injected_failure | failed | AssertionError: injected outside any chunk "
+            "| False |") in failed
+    outside = fuzz_md.split("## Tests outside chunks")[1].split("##")[0]
+    assert all(f"test_pinned.py::test_pinned[{name}] | passed" in outside for name in "abc")
 
 
 @pytest.mark.L0

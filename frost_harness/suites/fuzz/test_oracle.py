@@ -84,7 +84,7 @@ def test_forward_matches_oracle(case):
 # given o: dq 4x the baseline's L2 error, all of it what that o costs (operand_slack.py). On a host
 # with AVX512-FP16 (an Intel Xeon with avx512_fp16 and AMX) torch's float32 kernel still missed, dk
 # at 2.56x rule 2 (its error 1.1e-4 against a dk of norm 8.5e-5): its float32 D and dp, which the
-# allowance takes in since 2026-12-05 (dk 0.03x there); an expected failure on such hosts until then
+# allowance takes in (dk 0.03x there)
 @example(case=Case(batch=1, seqlen_q=5, seqlen_k=10, heads_q=1, heads_kv=1, head_dim_qk=24, head_dim_v=24, scale=-2.0,
                    dtype=torch.float16, logit_scale=4.0, strided=True, seed=0))
 # CPU fuzz of 2026-12-05: every row one-hot in effect but one (weight 1.2e-7 off its top key, above

@@ -5,7 +5,7 @@ the CUDA comparison (L0, marked gpu). Support modules: ``cases`` (seeded tiny
 problems, one per feature and combination), ``naive`` (SEMANTICS.md row by
 row), ``fp32_engine`` (a stand-in flash engine for the acceptance-rule tests).
 
-Coverage matrix (feature x witness); the same table is in the lead's notes.
+Coverage matrix (feature x witness).
 
 Columns: **N** forward == row-by-row transcription of SEMANTICS.md (`naive.py`);
 **A** analytic backward == autograd of the oracle's own forward; **A2** == autograd of

@@ -93,13 +93,12 @@ def case(direction: str, feature: str, dtype, dims, seed=0, **more) -> Case:
 
 
 # Open findings of the GPU grid, judged and expected to fail (strict: a fix shows as XPASS and
-# fails until its entry goes). None open. window_zero_sinks was one until 2026-12-04 (H200,
-# 2026-12-03: sm80's dq and dk at 1.03-1.04x rule 2's L2 allowance, bf16 d128): every row sees one
-# key plus the sink, and where the key outweighs the sink dS = P (dP - D) is a small difference
-# whose D comes from the io-rounded o that SEMANTICS.md has the backward take. The suites now
-# judge a failing verdict again with what the given o and lse cost by themselves
-# (frost_harness/oracle/operand_slack.py), under which the exact contract-literal engine passes
-# (suites/oracle/test_operand_slack.py); not yet run on the GPU when the entry went.
+# fails until its entry goes). None open. window_zero_sinks was one (H200, 2026-12-03: sm80's dq
+# and dk at 1.03-1.04x rule 2's L2 allowance, bf16 d128): every row sees one key plus the sink,
+# and where the key outweighs the sink dS = P (dP - D) is a small difference whose D comes from
+# the io-rounded o that SEMANTICS.md has the backward take. The suites judge a failing verdict
+# again with what the given o and lse cost by themselves (frost_harness/oracle/operand_slack.py),
+# under which the exact contract-literal engine passes (suites/oracle/test_operand_slack.py).
 BACKWARD_KNOWN_FAILURES: dict[str, str] = {}
 
 

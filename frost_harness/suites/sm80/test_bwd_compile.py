@@ -56,12 +56,10 @@ def test_admitted_chain_covers_every_kernel_and_mode():
     assert {p.dq_reduce_width for p in mains} == {1, 4}
     assert {p.split_group for p in mains} == {False, True}
     assert {p.heavy_first for p in mains} == {False, True}
-    assert {p.dq_ordered for p in mains} == {False, True}
-    assert {p.dq_slices for p in mains} == {False, True}
+    assert {(p.deterministic, p.dq_slices) for p in mains} == {(False, False), (True, False), (True, True)}
     assert {(p.dq_slice_stores, p.has_window_left) for p in mains if p.dq_slices} == {
-        (True, False), (False, False), (False, True)}  # a left window: the slices are zeroed
-    assert {p.dq_slice_reverse for p in mains if p.dq_slices} == {False, True}
-    assert not any(p.dq_slice_reverse for p in mains if not p.dq_slices)
+        (True, False), (False, True)}  # a left window: the slices are zeroed
+    assert {p.dq_reduce_width for p in mains if p.dq_slices} == {1, 4}  # SM80's and SM90's
     for kind in (BwdPreParams, BwdConvertParams):  # they zero and sum the slices
         assert {p.dq_slices for p in SWEEP.every if isinstance(p, kind)} == {False, True}
     # slices written whole: the convert skips the chunks the main left unwritten, by its mask
@@ -129,13 +127,13 @@ def test_compiled_head_dim_tile_is_the_selected_flavor(head_dim, flavor, tile):
 @pytest.mark.L0
 def test_wide_dq_reductions_compile_for_sm90_and_refuse_the_recompute_mode():
     """dq_reduce_width 4 (red.global.add.v4.f32) compiles for sm_90 whatever CUTE_DSL_ARCH says
-    (the record raises its own target); deterministic mode reduces dQ only in order (dq_ordered),
+    (the record raises its own target); deterministic mode reduces dQ only in slices (dq_slices),
     with the recompute pass there are no reductions."""
     default = next(p for p in SWEEP.l0 if isinstance(p, BwdParams) and not p.deterministic)
     wide = dataclasses.replace(default, dq_reduce_width=4)
     assert wide.target_arch == "sm_90" and default.target_arch == "sm_80"
     assert sm80_compile.compile_bwd(wide) is not None
-    with pytest.raises(ValueError, match="only in order"):
+    with pytest.raises(ValueError, match="only in slices"):
         dataclasses.replace(default, deterministic=True, dq_reduce_width=4).validate()
     with pytest.raises(ValueError, match="dq_reduce_width"):
         dataclasses.replace(default, dq_reduce_width=3).validate()
@@ -160,47 +158,46 @@ def test_group_split_reaches_two_waves(heads, lengths, sms, want):
 
 
 @pytest.mark.L0
-def test_ordered_deterministic_plan_converts_dq_and_carves_counters():
-    """The ordered dQ (``sliced_dq=False``): the deterministic chain is bwd_pre (zeroing accumulator
-    and counters), the main kernel reducing dQ in order, and bwd_convert: no bwd_dq pass; its
-    records say so. By default deterministic mode takes the sliced dQ instead."""
-    q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
-    k = torch.randn(2, 300, 2, 64, dtype=torch.bfloat16)
-    problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True,
-                                deterministic=True)
-    assert Sm80Backward().compile(problem).params[1].dq_slices
-    ordered = Sm80Backward(sliced_dq=False).compile(problem)
-    pre, main, last, *_ = ordered.params  # and bwd_combine when the group is split
-    assert main.deterministic and main.dq_ordered and main.dq_walk == "diagonal" and not main.heavy_first
-    assert main.dq_warp_turns and pre.dq_counters == main.num_warps == main.dq_turn_slots
-    assert pre.accum_tile_m == main.tile_m and isinstance(last, BwdConvertParams)
-    assert ordered.launch_group == 132 // 3  # three key blocks of 128: 44 heads' CTAs fit 132 SMs
-    # off a GPU the plan is an SM90's: 4 floats per reduction; d64: the dQ product first
-    assert main.dq_reduce_width == last.dq_reduce_width == 4 and main.dq_first
-    shared = Sm80Backward(dq_walk="shared", warp_turns=False, det_reduce_width=1).compile(problem)
-    assert shared.params[1].heavy_first and shared.params[0].dq_counters == 1 and shared.launch_group == 0
-    assert shared.params[1].dq_reduce_width == 1
-    recompute = Sm80Backward(ordered_dq=False).compile(problem)
-    assert isinstance(recompute.params[2], BwdDqParams) and not recompute.params[1].dq_ordered
-    with pytest.raises(ValueError, match="launches a head's key blocks together"):
-        dataclasses.replace(main, heavy_first=True).validate()
-    with pytest.raises(ValueError, match="needs heavy_first"):
-        dataclasses.replace(shared.params[1], heavy_first=False).validate()
-    with pytest.raises(ValueError, match="dq_ordered"):
-        dataclasses.replace(main, deterministic=False).validate()
-    with pytest.raises(ValueError, match="dq_walk"):
-        dataclasses.replace(main, dq_walk=None).validate()
-    with pytest.raises(ValueError, match="dq_walk"):
-        Sm80Backward(dq_walk="diagonal")
+def test_recompute_chain_where_the_slices_would_not_fit_or_when_forced():
+    """Deterministic mode takes the dQ recompute (bwd_pre without an accumulator to zero, the main
+    kernel making dK and dV only, bwd_dq) where filling the SMs would take more slices than
+    SLICED_EXTRA_SCRATCH holds (``sliced_fills_the_device``), where a forced slice count does not
+    fit, and with ``dq_recompute=True``; elsewhere the sliced dQ. Its workspace holds no dQ
+    accumulator."""
+    from frost.engines import sm80 as engine
+
+    def problem(b, s, h, d, causal=False):
+        q = torch.empty(b, s, h, d, dtype=torch.bfloat16)
+        return Problem.from_call("backward", q, q, q, o=q, lse=torch.zeros(b, h, s), do=q, causal=causal,
+                                 deterministic=True)
+
+    def assert_recompute(plan):
+        pre, main, last = plan.params
+        assert isinstance(last, BwdDqParams) and last == BwdDqParams.of(main)
+        assert main.deterministic and not main.reduces_dq and not main.dq_slices and pre.accum_tile_m == 0
+        assert "dq_accum" not in plan._workspace.words and plan.slices == 1
+
+    # one fp32 dQ accumulator of 512 MiB, 32 CTAs a slice: filling 132 SMs takes 4 slices, past the bound
+    big = problem(1, 32768, 32, 128)
+    sliced = engine.backward_choices(big, None, sliced_dq=True)[0]
+    assert not engine.sliced_fills_the_device(big, sliced) and engine.extra_slices_fit(big, 3)
+    assert not engine.extra_slices_fit(big, 4)
+    for causal in (False, True):
+        assert_recompute(Sm80Backward().compile(problem(1, 32768, 32, 128, causal)))
+    assert Sm80Backward(dq_slices=3).records(big)[1].dq_slices  # forced within the bound: sliced
+    assert_recompute(Sm80Backward(dq_slices=4).compile(big))
+    small = problem(2, 1000, 8, 64, causal=True)
+    assert Sm80Backward().records(small)[1].dq_slices
+    assert_recompute(Sm80Backward(dq_recompute=True).compile(small))
+    assert not Sm80Backward(dq_recompute=True).records(dataclasses.replace(small, deterministic=False))[1].deterministic
 
 
 @pytest.mark.L0
-def test_sliced_plan_is_the_least_estimated_chain_or_the_ordered_dq_past_the_scratch_bound():
+def test_sliced_plan_is_the_least_estimated_chain_within_the_scratch_bound():
     """Deterministic mode's sliced dQ takes the (split, slices) of least scratch within
     SLICED_PLAN_SLACK of the least ``sliced_chain_seconds`` among the plans whose slices beyond
     the first fit SLICED_EXTRA_SCRATCH (its mask term counts the pairs a causal mask keeps; its
-    streaming term the q and dO rows each pass reads, shared by the slices of a head), and the
-    ordered dQ where the plan that fills the SMs best (the estimate without streaming) does not fit."""
+    streaming term the q and dO rows each pass reads, shared by the slices of a head)."""
     from frost.engines import sm80 as engine
 
     def problem(b, s, hq, hkv, d, causal=True):
@@ -220,8 +217,9 @@ def test_sliced_plan_is_the_least_estimated_chain_or_the_ordered_dq_past_the_scr
     partials = (4 * 2048 * 2 * 128 * (4 * 2 * 2 + 2)) / engine.SLICED_PASS_BYTES  # what the clusters save
     assert estimates[4, 4] <= (estimates[2, 8] + partials) * (1 + engine.SLICED_PLAN_SLACK)
     assert estimates[2, 8] < estimates[2, 4] and estimates[4, 4] < estimates[4, 2]  # the slices' shared streams
-    # MHA: a head's key blocks in two CTAs, not one walking all eight (the streaming term; H100,
-    # benchmarks/NOTES.md twenty-first session: 1.073 of the default against 1.167)
+    # MHA: a head's key blocks in two CTAs, not one walking all eight (the streaming term; H100:
+    # 1.073 of the default against 1.167, docs/DECISIONS.md, "Sliced dQ: plan by the estimated
+    # chain time")
     mha = problem(16, 1024, 16, 16, 128, causal=False)
     assert engine.dq_slice_count(mha, Sm80Backward()._chain(mha)[0][1], 1) == 2
     assert abs(engine._visible_fraction(d64) - 0.5) < 0.01
@@ -230,23 +228,17 @@ def test_sliced_plan_is_the_least_estimated_chain_or_the_ordered_dq_past_the_scr
         assert engine.sliced_chain_seconds(empty, records[1], 4, 4) == 0.0
         assert Sm80Backward()._chain(empty)[1] == 1
     big = problem(1, 32768, 32, 32, 128, causal=False)  # one fp32 dQ accumulator: 512 MiB, 32 CTAs a slice
-    # filling the SMs takes 4 slices or more (32 CTAs a slice), past the bound: the default takes the
-    # ordered dQ; forced, the sliced dQ takes the most slices within it
-    assert not engine.sliced_fills_the_device(big, Sm80Backward(sliced_dq=True)._chain(big)[0][1])
-    assert engine.dq_slice_count(big, Sm80Backward(sliced_dq=True)._chain(big)[0][1], 1) == 3
-    main = Sm80Backward()._chain(big)[0][1]
-    assert main.dq_ordered and not main.dq_slices
+    # the most slices within the bound (the chain then recomputes dQ: the test above)
+    assert engine.dq_slice_count(big, engine.backward_choices(big, None, sliced_dq=True)[0], 1) == 3
 
 
 @pytest.mark.L0
 def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
-    """``Sm80Backward(sliced_dq=True)``: the deterministic chain is bwd_pre, the main kernel
-    writing its own slice (no turns, no launch order of its own) and bwd_convert summing them;
-    the accumulator's head axis holds the slices (``dq_slice_count``, or a forced ``dq_slices``);
-    the default mode ignores the option. Without a left window the main kernel writes its slices
-    whole and bwd_pre zeroes nothing (``dq_slice_stores``); with one, or ``slice_stores=False``,
-    bwd_pre zeroes every slice. ``slice_reverse=True`` (off by default) walks the odd rounds in
-    reverse, and only the sliced dQ's."""
+    """Deterministic mode's sliced dQ: the chain is bwd_pre, the main kernel writing its own slice
+    (no launch order of its own) and bwd_convert summing them; the accumulator's head axis holds
+    the slices (``dq_slice_count``, or a forced ``dq_slices``); the default mode ignores the
+    option. Without a left window the main kernel writes its slices whole and bwd_pre zeroes
+    nothing (``dq_slice_stores``); with one, bwd_pre zeroes every slice."""
     from frost.engines.sm80 import MAX_DQ_SLICES, dq_slice_count
 
     q = torch.randn(2, 1000, 8, 64, dtype=torch.bfloat16)
@@ -256,37 +248,33 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
         return Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 1000), do=q, causal=True,
                                  deterministic=deterministic, **keywords)
 
-    sliced = Sm80Backward(sliced_dq=True).compile(problem())
+    sliced = Sm80Backward().compile(problem())
     pre, main, last = sliced.params
-    assert main.dq_slices and main.reduces_dq and not (main.dq_ordered or main.heavy_first or main.dq_warp_turns)
-    assert main.dq_slice_stores and not pre.dq_slices and pre.accum_tile_m == 0 and pre.dq_counters == 0
-    assert isinstance(last, BwdConvertParams) and last.dq_slices and not main.dq_slice_reverse
+    assert main.dq_slices and main.reduces_dq and not (main.heavy_first or main.batch_inner)
+    assert main.dq_slice_stores and not pre.dq_slices and pre.accum_tile_m == 0
+    assert isinstance(last, BwdConvertParams) and last.dq_slices
     assert last == BwdConvertParams.of(main) and last.dq_slice_stores and (last.tile_n, last.has_window_right) == (
         main.tile_n, True)
-    reverse = Sm80Backward(sliced_dq=True, slice_reverse=True)
-    assert reverse.compile(problem()).params[1] == dataclasses.replace(main, dq_slice_reverse=True)
-    assert not reverse.records(problem(deterministic=False))[1].dq_slice_reverse
-    for zeroed in (Sm80Backward(sliced_dq=True, slice_stores=False).compile(problem()),
-                   Sm80Backward(sliced_dq=True).compile(problem(window=(100, 0)))):
-        assert zeroed.params[1].dq_slices and not zeroed.params[1].dq_slice_stores
-        assert zeroed.params[0].dq_slices and zeroed.params[0].accum_tile_m == main.tile_m
-        assert not zeroed.params[2].dq_slice_stores and zeroed.params[2].tile_n == 0
+    zeroed = Sm80Backward().compile(problem(window=(100, 0)))
+    assert zeroed.params[1].dq_slices and not zeroed.params[1].dq_slice_stores
+    assert zeroed.params[0].dq_slices and zeroed.params[0].accum_tile_m == main.tile_m
+    assert not zeroed.params[2].dq_slice_stores and zeroed.params[2].tile_n == 0
     assert main.dq_reduce_width == 4 and main.dq_first  # off a GPU the plan is an SM90's; d64: dQ first
     # 2 x 8 heads of 8 key blocks on 132 SMs: 8 slices (128 CTAs), one key block each
     assert sliced.slices == 8 == dq_slice_count(problem(), main, 1)
     accum = sliced._workspace.carve(torch.empty(sliced.workspace_bytes, dtype=torch.uint8))["dq_accum"]
     assert accum.shape == (2, 8 * 8, 8 * main.dq_chunk)
-    forced = Sm80Backward(sliced_dq=True, dq_slices=3).compile(problem())
+    forced = Sm80Backward(dq_slices=3).compile(problem())
     assert forced.slices == 3 and forced._workspace.carve(
         torch.empty(forced.workspace_bytes, dtype=torch.uint8))["dq_accum"].shape[1] == 3 * 8
-    assert not Sm80Backward(sliced_dq=True).compile(problem(deterministic=False)).params[1].dq_slices
+    assert not Sm80Backward(dq_slices=3).compile(problem(deterministic=False)).params[1].dq_slices
     # many short heads: one slice, each CTA walks both its key blocks (a second slice would cost
     # more to sum than the q and dO reads it shares); never more than MAX_DQ_SLICES
     many = Problem.from_call("backward", *(torch.randn(64, 256, 32, 64, dtype=torch.bfloat16),) * 3,
                              o=torch.randn(64, 256, 32, 64, dtype=torch.bfloat16), lse=torch.zeros(64, 32, 256),
                              do=torch.randn(64, 256, 32, 64, dtype=torch.bfloat16), deterministic=True)
     assert dq_slice_count(many, main, 1) == 1 and 1 < MAX_DQ_SLICES <= 8
-    assert Sm80Backward(sliced_dq=True).records(many)[1].dq_slice_stores  # one slice is written whole too
+    assert Sm80Backward().records(many)[1].dq_slice_stores  # one slice is written whole too
     # B2 S4096 d128 causal: Hq32 / Hkv8 stays unsplit (sliced_chain_seconds: a split slows the main
     # kernel more than 8 slices' reads cost), MQA needs every split and slice to fill the SMs
     for heads, want in (((32, 8), (1, 8)), ((8, 1), (8, 8)), ((16, 16), (1, 4))):
@@ -295,26 +283,25 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
                                 o=torch.empty(2, 4096, heads[0], 128, dtype=torch.bfloat16),
                                 lse=torch.zeros(2, heads[0], 4096), do=torch.empty(2, 4096, heads[0], 128,
                                 dtype=torch.bfloat16), causal=True, deterministic=True)  # fmt: skip
-        records, splits = Sm80Backward(sliced_dq=True)._chain(gqa)
+        records, splits = Sm80Backward()._chain(gqa)
         assert (splits, dq_slice_count(gqa, records[1], splits)) == want, heads
-    for bad, match in ((dict(dq_ordered=True, dq_walk="shared", heavy_first=True), "dq_slices launches"),
-                       (dict(batch_inner=True), "dq_slices launches"), (dict(deterministic=False), "dq_slices")):
+    for bad, match in ((dict(heavy_first=True), "dq_slices launches"), (dict(batch_inner=True), "dq_slices launches"),
+                       (dict(deterministic=False), "dq_slices")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(main, **bad).validate()
     with pytest.raises(ValueError, match="dq_slices zeroes"):
-        dataclasses.replace(pre, dq_slices=True, accum_tile_m=main.tile_m, dq_counters=1).validate()
+        dataclasses.replace(pre, dq_slices=True, accum_tile_m=0).validate()
     for bad in (dict(has_window_left=True), dict(dq_slices=False)):
         with pytest.raises(ValueError, match="dq_slice_stores"):
             dataclasses.replace(main, **bad).validate()
-    with pytest.raises(ValueError, match="dq_slice_reverse"):
-        dataclasses.replace(main, dq_slices=False, dq_slice_stores=False, dq_slice_reverse=True).validate()
 
 
 @pytest.mark.L0
 def test_bias_choices_follow_the_bias_and_the_device(monkeypatch):
     """A float32 bias is staged in shared memory where the device has room; a dbias reduced over
     the batch launches sequences fastest (in place of heavy-first) with two floats per reduction
-    on SM90 and an even Sk; nothing of it where dbias is stored per element or in order."""
+    on SM90 and an even Sk; nothing of it where dbias is stored per element or as partials
+    summed in order (deterministic)."""
     from frost.engines import sm80
     from frost.engines.sm80 import backward_choices
 
@@ -335,8 +322,8 @@ def test_bias_choices_follow_the_bias_and_the_device(monkeypatch):
     per_element = main_of((2, 4))
     assert not per_element.dbias_reduce and not per_element.batch_inner and per_element.dbias_reduce_width == 1
     assert not main_of((1, 4), bias_dtype=torch.bfloat16).bias_staged
-    ordered = main_of((1, 4), deterministic=True)
-    assert not ordered.batch_inner and ordered.dbias_reduce_width == 1
+    deterministic = main_of((1, 4), deterministic=True)
+    assert not deterministic.batch_inner and deterministic.dbias_reduce_width == 1
     with pytest.raises(ValueError, match="batch_inner"):
         dataclasses.replace(over_batch, heavy_first=True).validate()
     # a bias whose gradient is not wanted (bias_grad=False): read, no dbias, no dbias workspace
@@ -376,11 +363,11 @@ def test_d64_default_mode_reduces_four_floats_with_the_dq_product_first(monkeypa
     _, main, last = chain()
     assert main.dq_reduce_width == last.dq_reduce_width == 4 and main.dq_first and not main.deterministic
     for other in (chain(128), chain(bias=torch.randn(1, 4, 300, 300)), chain(engine=Sm80Backward(dq_reduce_width=1)),
-                  chain(deterministic=True, engine=Sm80Backward(ordered_dq=False))):
+                  chain(deterministic=True, engine=Sm80Backward(dq_recompute=True))):
         assert other[1].dq_reduce_width == 1 and not other[1].dq_first
     assert not chain(128, engine=Sm80Backward(dq_reduce_width=4))[1].dq_first  # d128: 1-4% slower first
     with pytest.raises(ValueError, match="dq_first"):  # the recompute mode has no reductions to order
-        dataclasses.replace(chain(deterministic=True, engine=Sm80Backward(ordered_dq=False))[1], dq_first=True).validate()
+        dataclasses.replace(chain(deterministic=True, engine=Sm80Backward(dq_recompute=True))[1], dq_first=True).validate()
     monkeypatch.setattr(sm80, "_problem_sm90", lambda problem: False)  # no red.global.add.v4.f32
     assert chain()[1].dq_reduce_width == 1 and not chain()[1].dq_first
 
@@ -405,54 +392,6 @@ def test_heavy_first_only_while_a_wave_holds_two_ctas_per_head():
     assert main_of(9, causal=True, heavy_first=True).heavy_first
     assert not main_of(8).heavy_first and not main_of(8, window=(16, -1)).heavy_first
     assert main_of(16, heads_q=32, heads_kv=4, causal=True).heavy_first  # GQA: 64 groups
-
-
-@pytest.mark.L0
-def test_each_walk_is_chosen_only_where_it_is_safe():
-    """Deterministic mode walks unmasked problems rotated while a head's key blocks fit the
-    device's SMs (132 off a GPU), right-bounded ones (causal, right windows) diagonally, and the
-    rest (left windows only, longer unmasked sequences) on the shared walk; the default mode
-    keeps its own launch order."""
-    from frost.engines.sm80 import backward_choices, ordered_walk
-
-    def main_of(seqlen, **keywords):
-        q = torch.randn(1, seqlen, 4, 64, dtype=torch.bfloat16)
-        problem = Problem.from_call("backward", q, q, q, o=q, lse=torch.zeros(1, 4, seqlen), do=q, **keywords)
-        return backward_choices(problem, ordered_dq=True, dq_walk="auto", warp_turns=True)[0]
-
-    rotated = main_of(132 * 128, deterministic=True)  # 132 key blocks of 128
-    assert rotated.dq_walk == "rotated" and rotated.dq_ordered and not rotated.heavy_first
-    assert main_of(132 * 128 + 1, deterministic=True).dq_walk == "shared"  # 133: one head no longer fits
-    causal = main_of(1000, deterministic=True, causal=True)
-    assert causal.dq_walk == "diagonal" and not causal.heavy_first
-    assert main_of(1000, deterministic=True, window=(50, 10)).dq_walk == "diagonal"
-    assert main_of(132 * 128 + 1, deterministic=True, causal=True).dq_walk == "diagonal"  # launched a head at a time
-    left = main_of(1000, deterministic=True, window=(50, -1))
-    assert left.dq_walk == "shared" and left.heavy_first
-    assert main_of(1000, causal=True).heavy_first and main_of(1000, causal=True).dq_walk is None
-    assert ordered_walk(causal, 10**6, 132) == "diagonal"
-    assert not main_of(1000, causal=True).dq_first and main_of(1000, deterministic=True).dq_first
-    with pytest.raises(ValueError, match="rotated walk needs an unmasked"):
-        dataclasses.replace(causal, dq_walk="rotated").validate()
-
-
-@pytest.mark.L0
-def test_diagonal_walk_launches_a_head_at_a_time_on_large_grids():
-    """The ordered dQ's diagonal walk: groups of heads that fit the SMs at once, heaviest key
-    blocks first; a head at a time (group 0) once the grid has HEAD_AT_A_TIME_WAVES waves, or when
-    one head's key blocks outnumber the SMs."""
-    from frost.engines.sm80 import HEAD_AT_A_TIME_WAVES
-
-    def group_of(batch, seqlen, heads_q=16, heads_kv=16):
-        q = torch.randn(batch, seqlen, heads_q, 64, dtype=torch.bfloat16)
-        k = torch.randn(batch, seqlen, heads_kv, 64, dtype=torch.bfloat16)
-        problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(batch, heads_q, seqlen), do=q,
-                                    causal=True, deterministic=True)
-        return Sm80Backward(sliced_dq=False).compile(problem).launch_group
-
-    assert group_of(1, 4096) == 132 // 32  # 16 x 32 CTAs: under the threshold
-    assert HEAD_AT_A_TIME_WAVES * 132 <= 8 * 16 * 32 and group_of(8, 4096) == 0
-    assert group_of(1, 133 * 128, heads_q=1, heads_kv=1) == 0
 
 
 @pytest.mark.L0
@@ -501,27 +440,27 @@ def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(monkeypa
     a100 = dataclasses.replace(problem, device="cuda:0")
     for choice in (dict(split=2), dict(split=2, cluster_sum=True)):
         assert Sm80Backward(**choice)._chain(a100)[0][1].split_cluster == 0
-    for bad, match in ((dict(split_group=False), "split_cluster"), (dict(split_cluster=4), "split_cluster"),
-                       (dict(dq_ordered=True, dq_walk="diagonal", deterministic=True), "diagonal")):
+    for bad, match in ((dict(split_group=False), "split_cluster"), (dict(split_cluster=4), "split_cluster")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(main, **bad).validate()
 
 
 @pytest.mark.L0
 def test_workspace_carves_disjoint_typed_views_at_the_buffer_offset():
-    """Each part of a split, ordered, sinks-carrying backward's workspace is one contiguous view
-    of the caller's bytes, at its own offset, in its own dtype, none overlapping another, and
-    relative to where the given buffer starts (a slice of a larger allocation)."""
+    """Each part of a split, sliced, sinks-carrying backward's workspace is one contiguous float32
+    view of the caller's bytes, at its own offset, none overlapping another, and relative to
+    where the given buffer starts (a slice of a larger allocation)."""
     from frost.engines.sm80 import _Workspace
 
     q = torch.randn(2, 300, 8, 64, dtype=torch.bfloat16)
     k = torch.randn(2, 300, 1, 64, dtype=torch.bfloat16)
     problem = Problem.from_call("backward", q, k, k, o=q, lse=torch.zeros(2, 8, 300), do=q, causal=True,
                                 deterministic=True, sinks=torch.zeros(8))  # fmt: skip
-    plan = Sm80Backward(split=4, sliced_dq=False).compile(problem)
-    workspace = _Workspace(problem, plan.splits, plan.params[0], plan.params[1])
+    plan = Sm80Backward(split=4).compile(problem)
+    assert plan.params[1].dq_slices and plan.slices > 1
+    workspace = _Workspace(problem, plan.splits, plan.params[0], plan.params[1], plan.slices)
     names = [name for name, _ in workspace.parts]
-    assert {"dq_counters", "dsink_partial", "dk_partial", "dv_partial"} <= set(names)
+    assert {"dq_accum", "dsink_partial", "dk_partial", "dv_partial"} <= set(names)
     lead = _Workspace.ALIGN
     backing = torch.zeros(lead + workspace.nbytes, dtype=torch.uint8)
     views = workspace.carve(backing[lead:])
@@ -529,7 +468,7 @@ def test_workspace_carves_disjoint_typed_views_at_the_buffer_offset():
     for name, shape in workspace.parts:
         view = views[name]
         assert view.shape == shape and view.is_contiguous(), name
-        assert view.dtype == (torch.int32 if name == "dq_counters" else torch.float32), name
+        assert view.dtype == torch.float32, name
         start = view.data_ptr() - backing.data_ptr()
         assert start >= lead and start % _Workspace.ALIGN == 0, name
         spans.append((start, start + 4 * view.numel()))
@@ -549,7 +488,7 @@ def test_workspace_carves_disjoint_typed_views_at_the_buffer_offset():
     (dict(batch_inner=True, heavy_first=True), "batch_inner"),
 ])
 def test_invalid_bias_fields_name_the_rule(change, rule):
-    main = next(p for p in SWEEP.l0 if isinstance(p, BwdParams) and p.dtype == "bfloat16" and not p.dq_ordered)
+    main = next(p for p in SWEEP.l0 if isinstance(p, BwdParams) and p.dtype == "bfloat16" and not p.dq_slices)
     plain = dataclasses.replace(main, bias_dtype=None, dbias_dtype=None, dbias_reduce=False, dbias_reduce_width=1,
                                 bias_staged=False, batch_inner=False, heavy_first=False).validate()
     with pytest.raises(ValueError, match=rule):

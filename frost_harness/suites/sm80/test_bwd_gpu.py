@@ -97,20 +97,6 @@ def test_bwd_sm80_other_dq_reduce_width_matches_oracle(feature, dtype, dims, mon
                for p in _bwd_records(BwdParams))
 
 
-OTHER_TILES = [  # (feature, head dims, (tile_m, tile_n)): the tiles bench_sdpa.py --variants measures
-    ("causal", (64, 64), (128, 64)), ("thd_causal_gqa", (64, 64), (64, 128)), ("padding", (48, 64), (128, 64)),
-    ("window_both", (128, 128), (64, 64)), ("sinks", (96, 96), (64, 64)), ("edge_thd", (64, 64), (128, 64)),
-]
-
-
-@pytest.mark.L0
-@pytest.mark.parametrize("feature, dims, tile_mn", OTHER_TILES, ids=str)
-def test_bwd_sm80_other_tiles_match_oracle(feature, dims, tile_mn, monkeypatch):
-    monkeypatch.setattr(_engine(), "tile_mn", tile_mn)
-    _assert_sm80(_case(feature, torch.bfloat16, dims))
-    assert any((p.tile_m, p.tile_n) == tile_mn for p in _bwd_records(BwdParams))
-
-
 SPLIT_CASES = {  # GQA / MQA problems with the group forced into splits
     "gqa_dense": dict(heads_q=8, heads_kv=2, causal=True),
     "mqa_window": dict(heads_q=6, heads_kv=1, window=(50, 0), seqlen_q=260, seqlen_k=300),
@@ -139,27 +125,21 @@ def test_bwd_sm80_split_group_matches_oracle(name, deterministic, monkeypatch):
 @pytest.mark.L0
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("name", ["mqa_window", "gqa_padding", "gqa_thd"])
-def test_bwd_sm80_fast_combine_matches_oracle_and_one_split_at_a_time_bit_for_bit(name, deterministic, monkeypatch):
-    """The default combine (``fast_combine``: 16 key rows per CTA, 4 splits' loads before their
-    adds) with one split per query head (6 splits: a group of 4 and a group of 2; 4 splits):
-    judged against the oracle, and dk and dv bit for bit those of ``fast_combine=False`` (64 rows,
-    one split at a time: the same adds in the same order); the plan took the fast combine."""
-    from frost.kernels.sm80.config import COMBINE_FAST
+def test_bwd_sm80_combine_of_one_split_per_head_matches_oracle(name, deterministic, monkeypatch):
+    """The combine (16 key rows per CTA, 4 splits' loads before their adds) with one split per
+    query head (6 splits: a group of 4 and a group of 2; 4 splits): judged against the oracle;
+    the plan combined that many splits' partials."""
+    from frost.kernels.sm80.config import BwdCombineParams
 
     fields = SPLIT_CASES[name]
-    monkeypatch.setattr(_engine(), "split", fields["heads_q"] // fields["heads_kv"])
-    monkeypatch.setattr(_engine(), "fast_combine", True)
+    splits = fields["heads_q"] // fields["heads_kv"]
+    monkeypatch.setattr(_engine(), "split", splits)
     case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, deterministic=deterministic, **fields)
     _assert_sm80(case)
     inputs = make_inputs(case)
     problem, _ = prepare("forward", inputs.q, inputs.k, inputs.v, **inputs.keywords)  # facts only: as a backward
-    combine = _engine().compile(dataclasses.replace(problem, direction=DIRECTION, deterministic=deterministic)).params[3]
-    assert (combine.rows_per_cta, combine.split_unroll) == (COMBINE_FAST["rows_per_cta"], COMBINE_FAST["split_unroll"])
-    o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
-    fast = run_backward(inputs, o, lse, deterministic=deterministic)[0]
-    monkeypatch.setattr(_engine(), "fast_combine", False)
-    default = run_backward(inputs, o, lse, deterministic=deterministic)[0]
-    assert bits_equal(fast[1], default[1]) and bits_equal(fast[2], default[2])
+    plan = _engine().compile(dataclasses.replace(problem, direction=DIRECTION, deterministic=deterministic))
+    assert plan.splits == splits and isinstance(plan.params[3], BwdCombineParams)
 
 
 @pytest.mark.L0
@@ -262,9 +242,10 @@ RECOMPUTE_CASES = ("causal", "gqa", "thd_causal_gqa", "sinks", "window_br", "pad
 @pytest.mark.L0
 @pytest.mark.parametrize("feature", RECOMPUTE_CASES)
 def test_bwd_sm80_recompute_deterministic_matches_oracle(feature, monkeypatch):
-    """Deterministic mode's other way (the default reduces dQ in a fixed key-block order): dQ
-    recomputed per query block by bwd_dq, judged like the default mode (bitwise twice)."""
-    monkeypatch.setattr(_engine(), "ordered_dq", False)
+    """Deterministic mode's other way (the default reduces dQ into slices of its own per CTA): dQ
+    recomputed per query block by bwd_dq (``dq_recompute``, what problems whose slices would not
+    fit take), judged like the default mode (bitwise twice)."""
+    monkeypatch.setattr(_engine(), "dq_recompute", True)
     i = RECOMPUTE_CASES.index(feature)
     _assert_sm80(_case(feature, gpu_cases.DTYPES[i % 2], gpu_cases.HEAD_DIMS[i % 4], deterministic=True))
     assert _bwd_records(BwdDqParams)
@@ -302,12 +283,12 @@ def test_bwd_sm80_deterministic_is_bitwise_stable_over_20_runs(name, monkeypatch
     if name.endswith("gqa_split"):
         monkeypatch.setattr(_engine(), "split", 4)
     if name.startswith("recompute"):
-        monkeypatch.setattr(_engine(), "ordered_dq", False)
+        monkeypatch.setattr(_engine(), "dq_recompute", True)
     _assert_bitwise_over_20_runs(dataclasses.replace(gpu_cases.BASE, deterministic=True, **DETERMINISM_CASES[name]))
     if name.endswith("gqa_split"):
         assert any(p.split_group and p.deterministic for p in _bwd_records(BwdParams))
     if name.startswith("recompute"):
-        assert any(p.deterministic and not (p.dq_ordered or p.dq_slices) for p in _bwd_records(BwdParams))
+        assert any(p.deterministic and not p.dq_slices for p in _bwd_records(BwdParams))
     else:  # the deterministic default: the sliced dQ
         assert any(p.deterministic and p.dq_slices for p in _bwd_records(BwdParams))
 
@@ -403,7 +384,7 @@ def test_bwd_sm80_dbias_into_rows_the_paired_reductions_cannot_address():
 @pytest.mark.parametrize("feature", ["bias_11_holes", "bias_1H_causal", "bias_1H_padding_holes"])
 def test_bwd_sm80_bias_recompute_deterministic_matches_oracle(feature, monkeypatch):
     """The deterministic mode's dQ recompute pass (bwd_dq) reads the bias too."""
-    monkeypatch.setattr(_engine(), "ordered_dq", False)
+    monkeypatch.setattr(_engine(), "dq_recompute", True)
     _assert_sm80(gpu_cases.bias_case(feature, torch.bfloat16, (64, 64), False, deterministic=True))
     assert any(p.bias_dtype for p in _bwd_records(BwdDqParams))
 
@@ -452,54 +433,19 @@ def test_strided_vectors_are_served_like_contiguous_ones():
         assert torch.equal(got, expect)
 
 
-WALK_CASES = {  # (case, the deterministic default's walk there: sm80/order.py)
-    "dense": (dict(seqlen_q=1000, seqlen_k=1000), "rotated"),
-    "gqa_q_longer": (dict(heads_q=8, heads_kv=2, seqlen_q=900, seqlen_k=400), "rotated"),  # fewer key than query blocks
-    # more key blocks than query blocks (turns tie on the step), and a sequence with fewer of each
-    "padding": (dict(seqlen_q=700, seqlen_k=1100, lengths_q=(700, 301), lengths_k=(1100, 129)), "rotated"),
-    "thd_sinks": (dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(300, 9, 4, 700), sinks=True, tail_q=4),
-                  "rotated"),
-    "gqa_split": (dict(heads_q=8, heads_kv=1, seqlen_q=600, seqlen_k=600), "rotated"),
+SLICED_CASES = {  # masks, padding, THD, split groups, a bias, the wide flavors
+    "dense": dict(seqlen_q=1000, seqlen_k=1000),
+    "gqa_q_longer": dict(heads_q=8, heads_kv=2, seqlen_q=900, seqlen_k=400),  # fewer key than query blocks
+    # more key blocks than query blocks, and a sequence with fewer of each
+    "padding": dict(seqlen_q=700, seqlen_k=1100, lengths_q=(700, 301), lengths_k=(1100, 129)),
+    "thd_sinks": dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(300, 9, 4, 700), sinks=True, tail_q=4),
+    "gqa_split": dict(heads_q=8, heads_kv=1, seqlen_q=600, seqlen_k=600),
     # top-left causal with more keys than queries: key blocks past the last row's reach see no row
-    "causal_k_longer": (dict(causal=True, seqlen_q=200, seqlen_k=700), "diagonal"),
-    "gqa_split_window_br": (dict(heads_q=8, heads_kv=1, window=(100, 20), causal_align="bottom_right",
-                                 seqlen_q=777, seqlen_k=900), "diagonal"),
-    "thd_causal_padded_tail": (dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(300, 9, 4, 700), causal=True,
-                                    causal_align="bottom_right", tail_q=4), "diagonal"),
-}
-WALK_MODES = {"default": dict(), "cta_turns": dict(warp_turns=False), "shared": dict(dq_walk="shared"),
-              "scalar": dict(det_reduce_width=1)}
-
-
-@pytest.mark.L0
-@pytest.mark.parametrize("mode", list(WALK_MODES))
-@pytest.mark.parametrize("name", list(WALK_CASES))
-def test_bwd_sm80_ordered_dq_walks_match_oracle_and_are_bitwise_stable(name, mode, monkeypatch):
-    """Each walk of the ordered dQ with each turn scope: the default's (rotated unmasked,
-    diagonal under a right bound; warp turns; 4 floats per reduction on SM90), the same walk with
-    CTA turns, the shared walk (``Sm80Backward(dq_walk="shared")``, warp turns), and one float per
-    reduction (SM80's width): judged against the oracle, and 20 runs bit for bit; the plan took
-    the walk, turns and width asked for."""
-    defaults = {"sliced_dq": False, "dq_walk": "auto", "warp_turns": True, "det_reduce_width": None}
-    for attribute, value in {**defaults, **WALK_MODES[mode]}.items():
-        monkeypatch.setattr(_engine(), attribute, value)
-    fields, walk = WALK_CASES[name]
-    if name.startswith("gqa_split"):
-        monkeypatch.setattr(_engine(), "split", 4)
-    case = dataclasses.replace(gpu_cases.BASE, deterministic=True, **fields)
-    _assert_sm80(case)
-    _assert_bitwise_over_20_runs(case)
-    inputs = make_inputs(case)
-    problem, _ = prepare("forward", inputs.q, inputs.k, inputs.v, **inputs.keywords)  # facts only: as a backward
-    main = _engine().records(dataclasses.replace(problem, direction=DIRECTION, deterministic=True))[1]
-    assert main.dq_ordered and main.dq_walk == ("shared" if mode == "shared" else walk)
-    assert main.dq_warp_turns == (mode != "cta_turns")
-    sm90 = torch.cuda.get_device_capability() >= (9, 0)
-    assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
-
-
-SLICED_CASES = {  # WALK_CASES' problems (masks, padding, THD, a split group), a bias, the wide flavors
-    **{name: fields for name, (fields, _) in WALK_CASES.items()},
+    "causal_k_longer": dict(causal=True, seqlen_q=200, seqlen_k=700),
+    "gqa_split_window_br": dict(heads_q=8, heads_kv=1, window=(100, 20), causal_align="bottom_right",
+                                seqlen_q=777, seqlen_k=900),
+    "thd_causal_padded_tail": dict(layout="thd", lengths_q=(500, 3, 0, 260), lengths_k=(300, 9, 4, 700), causal=True,
+                                   causal_align="bottom_right", tail_q=4),
     "bias_causal": dict(causal=True, bias="1H", seqlen_q=500, seqlen_k=700),
     "many_heads_d128": dict(batch=4, heads_q=32, heads_kv=8, seqlen_q=1100, seqlen_k=1100, causal=True,
                             head_dim_qk=128, head_dim_v=128),
@@ -508,31 +454,24 @@ SLICED_CASES = {  # WALK_CASES' problems (masks, padding, THD, a split group), a
     "gqa_split_causal_thd": dict(layout="thd", heads_q=8, heads_kv=2, lengths_q=(500, 3, 0, 260),
                                  lengths_k=(300, 9, 4, 700), causal=True, causal_align="bottom_right", tail_q=4),
 }
-SLICED_MODES = {"device_width": dict(), "scalar": dict(det_reduce_width=1), "two_slices": dict(dq_slices=2),
-                "zeroed": dict(slice_stores=False), "reverse": dict(slice_reverse=True, dq_slices=2),
-                "unroll4": dict(convert_unroll=4)}
-# modes whose dQ must be bit for bit that of these settings: the same adds in the same order
-SLICED_SAME_BITS = {"reverse": dict(slice_reverse=False), "unroll4": dict(convert_unroll=1)}
+# the device's reduce width (4 on SM90), one float (SM80's), two slices forced (every CTA then
+# walks several key blocks)
+SLICED_MODES = {"device_width": dict(), "scalar": dict(dq_reduce_width=1), "two_slices": dict(dq_slices=2)}
 
 
 @pytest.mark.L0
 @pytest.mark.parametrize("mode", list(SLICED_MODES))
 @pytest.mark.parametrize("name", list(SLICED_CASES))
 def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, monkeypatch):
-    """The sliced dQ (``Sm80Backward(sliced_dq=True)``: each CTA walks one key block of each round
-    of slices and writes dQ into a slice of its own, summed in order by bwd_convert): judged
+    """The sliced dQ (deterministic mode's default: each CTA walks one key block of each round of
+    slices and writes dQ into a slice of its own, summed in order by bwd_convert): judged
     against the oracle (the workspace holds NaN-payload sentinels: a chunk no kernel wrote fails)
-    and 20 runs bit for bit, with the device's reduce width, with one float, with two slices
-    forced (every CTA then walks several key blocks), with the slices zeroed by bwd_pre
-    instead of written whole (``slice_stores=False``), with the odd rounds walking in reverse
-    (``slice_reverse``, two slices: every CTA has an odd round) and dQ bit for bit the forward
-    walk's, and with bwd_convert loading 4 slices before their adds and dQ bit for bit one
-    slice at a time's (the default loads ``SLICE_UNROLL``); the plan took what was asked."""
+    and 20 runs bit for bit, with the device's reduce width, with one float, and with two slices
+    forced (every CTA then walks several key blocks); its slices written whole, or zeroed by
+    bwd_pre under a left window; the plan took what was asked."""
     from frost.engines.sm80 import dq_slice_count
-    from frost.kernels.sm80.config import SLICE_UNROLL
 
-    defaults = {"sliced_dq": True, "det_reduce_width": None, "dq_slices": None, "slice_stores": True,
-                "slice_reverse": False, "convert_unroll": None}
+    defaults = {"dq_reduce_width": None, "dq_slices": None}
     for attribute, value in {**defaults, **SLICED_MODES[mode]}.items():
         monkeypatch.setattr(_engine(), attribute, value)
     if name.startswith("gqa_split"):
@@ -545,19 +484,11 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     problem = dataclasses.replace(problem, direction=DIRECTION, deterministic=True)
     plan = _engine().compile(problem)
     pre, main, convert = plan.params[:3]
-    assert main.dq_slices and convert.dq_slices and not main.dq_ordered and not main.heavy_first
-    assert main.dq_slice_stores == (mode != "zeroed" and not main.has_window_left) != pre.dq_slices
+    assert main.dq_slices and convert.dq_slices and not main.heavy_first
+    assert main.dq_slice_stores == (not main.has_window_left) != pre.dq_slices
     assert convert.dq_slice_stores == main.dq_slice_stores  # then it skips the chunks the main left unwritten
-    assert main.dq_slice_reverse == (mode == "reverse")
     sm90 = torch.cuda.get_device_capability() >= (9, 0)
     assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
     forced = SLICED_MODES[mode].get("dq_slices")
     assert plan.slices == (forced or dq_slice_count(problem, main, plan.splits))
-    assert convert.slice_unroll == (4 if mode == "unroll4" else SLICE_UNROLL)
     assert main.split_group or not name.startswith("gqa_split")
-    if mode in SLICED_SAME_BITS:
-        o, lse = frost.sdpa_forward(inputs.q, inputs.k, inputs.v, **inputs.keywords)
-        dq = run_backward(inputs, o, lse, deterministic=True)[0][0]
-        for attribute, value in SLICED_SAME_BITS[mode].items():
-            monkeypatch.setattr(_engine(), attribute, value)
-        assert bits_equal(dq, run_backward(inputs, o, lse, deterministic=True)[0][0])

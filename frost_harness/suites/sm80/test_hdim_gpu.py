@@ -10,7 +10,7 @@ small grids here make the engine split each group, so the fp32 dK / dV partials,
 of different widths for d192x128, are exercised too).
 
 Compiles about 40 records (6 forward; the backward chains of 6 cases in default
-mode, 4 in deterministic mode, plus one ordered-dQ chain and one SM90 wide-reduction
+mode, 4 in deterministic mode, plus one dQ-recompute chain and one SM90 wide-reduction
 record).
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_hdim_bwd_recompute_deterministic_matches_oracle(monkeypatch):
     from frost.kernels.sm80 import compile as sm80_compile
     from frost.kernels.sm80.config import BwdDqParams
 
-    monkeypatch.setattr(_engine(), "ordered_dq", False)
+    monkeypatch.setattr(_engine(), "dq_recompute", True)
     case = dataclasses.replace(_case("backward", "d168_thd_causal_gqa"), head_dim_qk=192, head_dim_v=128,
                                deterministic=True)
     _assert_sm80(case, "backward")

@@ -65,8 +65,8 @@ def _inputs(layout: str, heads_q: int, heads_kv: int, sinks: bool):
 BACKWARDS = {  # name: (engine, layout, heads_q, heads_kv, deterministic, call keywords)
     "default": (Sm80Backward(), "bshd", 4, 4, False, dict(causal=True)),
     "sliced": (Sm80Backward(), "thd", 4, 2, True, dict(window=(-1, 20))),
-    "ordered": (Sm80Backward(sliced_dq=False), "thd", 4, 4, True, dict(causal=True)),
-    "dq_pass": (Sm80Backward(ordered_dq=False), "bshd", 4, 4, True, dict(window=(30, 5))),
+    "sliced_zeroed": (Sm80Backward(), "thd", 4, 4, True, dict(window=(30, 5))),  # a left window: bwd_pre zeroes
+    "dq_pass": (Sm80Backward(dq_recompute=True), "bshd", 4, 4, True, dict(window=(30, 5))),
     "bias": (Sm80Backward(), "bshd", 4, 2, False, dict(bias=torch.randn(1, 4, 100, 130).bfloat16())),
     "split": (Sm80Backward(split=2), "thd", 8, 1, False, dict(scale=0.3)),  # SM90: summed in clusters
     "split_partials": (Sm80Backward(split=2, cluster_sum=False), "thd", 8, 1, False, dict(scale=0.3)),
@@ -90,16 +90,14 @@ def test_backward_chain_arguments_bind_to_the_entry_points(name):
                          mSeqlensQ=t.seqlens_q)
     assert (pre["mDsinkPartial"] is None) == (t.sinks is None) and pre["max_seqlen_q"] == problem.seqlen_q
     assert not _misbound(main, mQ=t.q, mK=t.k, mV=t.v, mdO=t.do, mLSE2=pre["mLSE2"], mD=pre["mD"],
-                         mdQcounters=pre["mdQcounters"], mCuSeqlensQ=t.cu_seqlens_q, mCuSeqlensK=t.cu_seqlens_k,
+                         mCuSeqlensQ=t.cu_seqlens_q, mCuSeqlensK=t.cu_seqlens_k,
                          mSeqlensQ=t.seqlens_q, mSeqlensK=t.seqlens_k, mBias=t.bias)
     assert (main["mdBias"] is None) == (t.bias is None)  # dbias or its float32 target (sm80/bias.py)
     assert main["scale"] == problem.scale and main["scale_log2"] == pytest.approx(problem.scale * LOG2_E)
     assert (main["window_left"], main["window_right"]) == (problem.window_left, problem.window_right)
     assert (main["max_seqlen_k"], main["num_splits"]) == (problem.seqlen_k, plan.splits)
-    assert main["launch_group"] == plan.launch_group
     # bwd_pre zeroes the accumulator unless the sliced dQ writes its slices whole
     assert pre["mdQaccum"] is (None if plan.params[1].dq_slice_stores else main["mdQaccum"])
-    assert (main["mdQcounters"] is None) != plan.params[1].dq_ordered
 
     if plan.splits > 1 and not plan.params[1].split_cluster:  # partials; a cluster sum writes dk, dv itself
         assert not _misbound(calls["sm80/bwd_combine"], mdKpart=main["mdK"], mdVpart=main["mdV"], mdK=grads.dk,

@@ -66,14 +66,14 @@ def _engine(direction: str = "backward"):
 
 
 @pytest.mark.L0
-@pytest.mark.parametrize("ordered_dq", [True, False], ids=["default", "recompute"])
+@pytest.mark.parametrize("dq_recompute", [False, True], ids=["default", "recompute"])
 @pytest.mark.parametrize("feature", ["causal", "gqa", "thd_causal_gqa", "window_br"])
-def test_rope_sm80_deterministic_matches_oracle(feature, ordered_dq, monkeypatch):
+def test_rope_sm80_deterministic_matches_oracle(feature, dq_recompute, monkeypatch):
     """Both kinds of deterministic dQ: the default's (the sliced dQ, reduced into slices and
     summed by the conversion pass) and dQ recomputed by bwd_dq (no conversion pass: the RoPE pass
     rotates dq back in either way); judged and bitwise stable (the harness runs a deterministic
     backward twice)."""
-    monkeypatch.setattr(_engine(), "ordered_dq", ordered_dq)
+    monkeypatch.setattr(_engine(), "dq_recompute", dq_recompute)
     _assert_sm80(_case(feature, torch.bfloat16, (128, 128), deterministic=True), directions=("backward",))
 
 

@@ -33,33 +33,9 @@ def test_grid_runs_on_the_sm80_engines(name):
     assert sanitize.run_feature(name) == []
 
 
-@pytest.mark.L0
-def test_the_ordered_mode_takes_each_walk_on_the_grid():
-    """The ordered dQ walks the unmasked features rotated and the right-bounded ones (causal,
-    right windows) diagonally, so the grid's ordered mode runs every walk; the shared mode runs
-    the shared one beside both."""
-    import dataclasses
-
-    import torch
-
-    from frost.problem import prepare
-
-    walks = {}
-    for name in sanitize.FEATURES:
-        t, keywords = sanitize._inputs(name, torch.Generator().manual_seed(0), "cpu")
-        problem, _ = prepare("forward", t["q"], t["k"], t["v"], **keywords)  # facts only: as a backward
-        walks[name] = sanitize.ordered_dq_walk(dataclasses.replace(problem, direction="backward",
-                                                                      deterministic=True))
-    masked = {n for n, (_, kw, _) in sanitize.FEATURES.items() if {"causal", "window"} & set(kw)}
-    assert {walks[n] for n in masked} == {"diagonal"}  # every masked feature has a right bound
-    assert {walks[n] for n in set(walks) - masked} == {"rotated"}
-    assert {"dense_d64", "dense_d128_fp16", "partial_hdim", "strided"} <= set(walks) - masked
-
-
 # every kernel of the sm80 engines but the split combine and the RoPE pass: the forward, the
-# backward's default, sliced (deterministic) and recompute modes, the ordered dQ with warp turns
-# on the diagonal walk (causal) and the rotated one (dense), and with CTA turns on the shared walk
-# (forced on both)
+# backward's default mode and its deterministic ones: the sliced dQ (the engine's slices, and
+# two forced) and the recompute
 RACECHECK_FEATURES = ("causal", "dense_d64")
 
 
