@@ -47,6 +47,10 @@ ops (SEMANTICS.md's formula in fp32, rounded to bf16, differentiable) and then
 ``frost.attention`` without RoPE; bf16, ``ROPE_SHAPES``; the ratio is the torch-rotated
 time over the fused one (target >= 1.1).
 
+``--profile NAME`` times the records frost plans for another device (``frost.devices.PROFILES``:
+``l4``, ``a100``, ...) on the GPU at hand: on an H100 it shows what the smaller parts' tiles cost
+against the large ones, beside the same torch backends.
+
 frost's own kernels are timed everywhere: the run is in ``frost.dispatch.table_order()``, so on
 SM90 torch-cudnn (ranked first there) does not serve frost's columns. The default run ends with
 the native-engine table of the device's family: per direction, on the shapes torch-cudnn serves
@@ -73,7 +77,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import frost  # noqa: E402
-from frost import dispatch  # noqa: E402
+from frost import devices, dispatch  # noqa: E402
 from frost.engines import native  # noqa: E402
 from frost.engines.sm80 import Sm80Backward  # noqa: E402
 from frost.problem import prepare  # noqa: E402
@@ -565,8 +569,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "frost-out/bench"))
     parser.add_argument("--precompile", type=int, default=0, metavar="J",
                         help="first build every kernel the run needs in J parallel workers (disk cache)")
+    parser.add_argument("--profile", default=None, metavar="NAME",
+                        help="time the records frost plans for this device (frost.devices.PROFILES) on the GPU at hand")
     args = parser.parse_args(argv)
-    with dispatch.table_order():  # frost's own kernels, where a native engine would rank first
+    # frost's own kernels, where a native engine would rank first; planned for --profile's device
+    with dispatch.table_order(), devices.profile(args.profile):
         return _run(args)
 
 
@@ -594,7 +601,8 @@ def _run(args) -> int:
         tables.append([_progress(backward_row(*shape, args.reps_ms, args.variants, det)) for shape in chosen])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "bench_sdpa.json").write_text(json.dumps([r for t in tables for r in t], indent=1))
-    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  (TFLOP/s; ratio = frost API / torch flash)")
+    planned = f"  frost's records planned for {args.profile}" if args.profile else ""
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}{planned}  (TFLOP/s; ratio = frost API / torch flash)")
     for rows in tables:
         print_table(rows)
     if not args.hdims:

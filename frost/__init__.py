@@ -10,6 +10,8 @@ Public API:
   serve the call and why the ones ranked before it declined
 - ``flash_attn_func`` / ``flash_attn_varlen_func``: FlashAttention-2's function API
   (``frost.flash_attn``), so that code written for ``flash_attn`` switches by an import
+- ``device_profile(name)`` (a context manager) / ``use_device_profile(name)``: make every plan
+  for the named GPU (``frost.devices.PROFILES``), as ``FROST_DEVICE_PROFILE=name`` does
 
 The routing ledger is ``frost.dispatch.ledger``; repeated calls reuse their plan through
 ``frost.plans.cache`` (``stats()``: hits, misses). Importing frost does not import the
@@ -20,9 +22,10 @@ from frost.dispatch import Decision
 from frost.flash_attn import flash_attn_func, flash_attn_varlen_func
 from frost.ops import attention
 from frost import plans  # noqa: F401  (frost.plans.cache)
+from frost.devices import profile as device_profile, use as use_device_profile
 from frost.problem import Grads, Problem
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
-__all__ = ["Decision", "Grads", "Problem", "attention", "flash_attn_func", "flash_attn_varlen_func", "route",
-           "sdpa_backward", "sdpa_forward"]
+__all__ = ["Decision", "Grads", "Problem", "attention", "device_profile", "flash_attn_func", "flash_attn_varlen_func",
+           "route", "sdpa_backward", "sdpa_forward", "use_device_profile"]

@@ -51,6 +51,7 @@ import math
 
 import torch
 
+from frost import devices
 from frost.engines import unfused_math
 from frost.engines.base import Capabilities, Declined, Engine, Plan, allocate_backward, allocate_forward
 from frost.problem import FEATURES, Grads, Problem, Tensors
@@ -174,13 +175,13 @@ TORCH_CUDNN_CAPABILITIES = Capabilities(
 )
 
 
-@functools.lru_cache(maxsize=None)
 def compute_capability(device: str) -> tuple[int, int] | None:
-    """The compute capability of a CUDA device (``"cuda:0"``), None for other devices: the key of the
-    per-device-family tables (one function, so a device profile can answer it instead)."""
+    """The compute capability the plans for a CUDA device (``"cuda:0"``) are made for (its
+    ``frost.devices`` profile: a forced profile's), None for other devices: the key of the
+    per-device-family tables."""
     if not device.startswith("cuda"):
         return None
-    return torch.cuda.get_device_capability(torch.device(device))
+    return devices.profile_for(device).compute_capability
 
 
 class _TorchCudnnEngine(Engine):

@@ -28,6 +28,7 @@ import weakref
 
 import torch
 
+from frost import devices
 from frost.engines.base import Capabilities, Engine, Plan, allocate_backward, allocate_forward, lse_template
 from frost.engines.sm80_rope import RopePass, rope_records
 from frost.problem import Grads, Problem, Tensors
@@ -53,39 +54,26 @@ SM80_CAPABILITIES = Capabilities(
 
 
 @functools.lru_cache(maxsize=None)
-def _compute_capability(device: str) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(torch.device(device))
-
-
-@functools.lru_cache(maxsize=None)
 def _dsl_installed() -> bool:
     return importlib.util.find_spec("cutlass") is not None
 
 
 # CUDA launches at most 65535 CTAs along a grid's y and z. The kernels put the batch, the
 # query heads and the sequence blocks there (which goes where depends on the launch order:
-# kernels/sm80/fwd.py, bwd.py), so each must fit; blocks counted at the smallest tile, 64 rows.
+# kernels/sm80/fwd.py, bwd.py), so each must fit; blocks counted at the smallest tile of the
+# records a plan compiles.
 _GRID_YZ_MAX = 65535
-_SMALLEST_TILE = 64
-
-
-def _grid_decline(problem: Problem) -> str | None:
-    blocks = -(-max(problem.seqlen_q, problem.seqlen_k) // _SMALLEST_TILE)
-    for name, extent in (("sequences", problem.batch), ("query heads", problem.heads_q),
-                         (f"blocks of {_SMALLEST_TILE} positions in the longest sequence", blocks)):  # fmt: skip
-        if extent > _GRID_YZ_MAX:
-            return f"{extent} {name}: a CUDA grid dimension holds at most {_GRID_YZ_MAX}"
-    return None
 
 
 def sm80_decline(problem: Problem) -> str | None:
-    """What every SM80 engine needs beyond its Capabilities row."""
-    major, minor = _compute_capability(problem.device)
+    """What every SM80 engine needs beyond its Capabilities row, before its records are made."""
+    device = devices.of_device(problem.device)
+    major, minor = device.compute_capability
     if major not in (8, 9):
         return f"needs an SM80-class GPU (compute capability 8.x or 9.x), got {major}.{minor}"
-    grid = _grid_decline(problem)
-    if grid is not None:
-        return grid
+    forced = devices.forced()
+    if forced is not None and forced.runs_on(device) is not None:
+        return f"the forced device profile does not run here: {forced.runs_on(device)}"
     if problem.scale <= 0:
         return f"needs a positive scale, got {problem.scale}"
     if not problem.vector_aligned:
@@ -97,6 +85,24 @@ def sm80_decline(problem: Problem) -> str | None:
     return None
 
 
+def records_decline(problem: Problem, records) -> str | None:
+    """Why the device cannot launch a plan's records: shared memory past the profile's opt-in
+    limit per block, or a grid dimension past CUDA's (blocks of the smallest tile)."""
+    profile = _problem_profile(problem)
+    for record in records:
+        smem = record.smem_bytes() if hasattr(record, "smem_bytes") else 0
+        if smem > profile.smem_per_block_optin:
+            return (f"{type(record).__name__} needs {smem} B of shared memory per block; {profile.name} allows "
+                    f"{profile.smem_per_block_optin} B")
+    tile = min((t for r in records for t in (getattr(r, "tile_m", 0), getattr(r, "tile_n", 0)) if t > 0), default=64)
+    blocks = -(-max(problem.seqlen_q, problem.seqlen_k) // tile)
+    for name, extent in (("sequences", problem.batch), ("query heads", problem.heads_q),
+                         (f"blocks of {tile} positions in the longest sequence", blocks)):  # fmt: skip
+        if extent > _GRID_YZ_MAX:
+            return f"{extent} {name}: a CUDA grid dimension holds at most {_GRID_YZ_MAX}"
+    return None
+
+
 class Sm80Forward(Engine):
     name = "sdpa_fwd_sm80"
     family = "sm80"
@@ -105,7 +111,8 @@ class Sm80Forward(Engine):
     capabilities = SM80_CAPABILITIES
 
     def check_support(self, problem: Problem) -> str | None:
-        return super().check_support(problem) or sm80_decline(problem)
+        reason = super().check_support(problem) or sm80_decline(problem)
+        return reason or records_decline(problem, self.records(problem))
 
     def records(self, problem: Problem) -> tuple:
         """The params records a plan for ``problem`` compiles (for filling a cache ahead of time):
@@ -204,7 +211,16 @@ class Sm80Backward(Engine):
         self.cluster_sum = cluster_sum  # a split group's dK / dV summed in clusters (backward_choices)
 
     def check_support(self, problem: Problem) -> str | None:
-        return super().check_support(problem) or sm80_decline(problem)
+        from frost.kernels.sm80.config import bwd_tile_for, flavor_for
+
+        reason = super().check_support(problem) or sm80_decline(problem)
+        if reason is not None:
+            return reason
+        flavor, profile = flavor_for(problem.head_dim_qk, problem.head_dim_v), _problem_profile(problem)
+        if bwd_tile_for(flavor, profile.smem_per_block_optin) is None:
+            return (f"no backward tile of {flavor} fits the {profile.smem_per_block_optin} B of shared memory per block "
+                    f"of {profile.name}")
+        return records_decline(problem, self.records(problem))
 
     def records(self, problem: Problem) -> tuple:
         """The chain's params records for ``problem``: (preprocess, main, last pass), the combine
@@ -225,7 +241,7 @@ class Sm80Backward(Engine):
                                    else sliced_fills_the_device(problem, main)):
             main, splits = choices(False)  # the slices would not fit: the recompute
         pre = BwdPreParams.of(main, problem.has_sinks)
-        last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)
+        last = BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main, _problem_smem(problem))
         combine = (BwdCombineParams.of(main),) if splits > 1 and not main.split_cluster else ()
         return (pre, main, last, *combine), splits
 
@@ -242,37 +258,24 @@ class Sm80Backward(Engine):
                                  RopePass.compile(problem), slices)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: str) -> int:
-    return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+def _problem_profile(problem: Problem) -> devices.DeviceProfile:
+    """The device the plans for ``problem`` are made for (``frost.devices.profile_for``: a forced
+    profile, else the GPU's own, else for a CPU problem, whose records are cross-compiled, the H100's)."""
+    return devices.profile_for(problem.device)
 
 
 def _problem_sms(problem: Problem) -> int:
-    """The SMs of the problem's device (an H100/H200's 132 for a CPU problem: the plans of
-    cross-compiled records)."""
-    return _sm_count(problem.device) if problem.device_type == "cuda" else 132
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_optin(device: str) -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.device(device)).shared_memory_per_block_optin
-    return _HOPPER_SMEM if _compute_capability(device) >= (9, 0) else 163 * 1024  # a stubbed device
-
-
-_HOPPER_SMEM = 227 * 1024
+    return _problem_profile(problem).sm_count
 
 
 def _problem_smem(problem: Problem) -> int:
-    """Shared memory a CTA may opt in to on the problem's device (a CPU problem: an H100/H200's)."""
-    return _smem_optin(problem.device) if problem.device_type == "cuda" else _HOPPER_SMEM
+    """Shared memory a CTA may opt in to on the problem's device."""
+    return _problem_profile(problem).smem_per_block_optin
 
 
 def _problem_sm90(problem: Problem) -> bool:
-    """Whether the problem's device has SM90's instructions (a CPU problem: as an H100/H200)."""
-    if problem.device_type != "cuda":
-        return True
-    return _compute_capability(problem.device) >= (9, 0)
+    """Whether the problem's device has SM90's instructions."""
+    return _problem_profile(problem).sm90
 
 
 def group_split(problem: Problem, tile_n: int, sm_count: int) -> int:
@@ -311,7 +314,7 @@ def backward_choices(problem: Problem, dq_reduce_width: int | None = 1, split=No
         window_right=problem.window_right, bottom_right=problem.causal_align == "bottom_right",
         deterministic=problem.deterministic, dq_reduce_width=dq_reduce_width, dq_slices=sliced_dq,
         bias_dtype=bias_dtype_name(problem), bias_broadcast=bias_broadcast(problem),
-        bias_grad=problem.bias is None or problem.bias.grad,
+        bias_grad=problem.bias is None or problem.bias.grad, smem_limit=_problem_smem(problem),
     )
     sms = _problem_sms(problem)
     if split is None:

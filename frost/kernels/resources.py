@@ -1,12 +1,18 @@
 """Registers and spill (stack) bytes per compiled kernel, read from the SASS of disk-cache entries.
 
     python3 -m frost.kernels.resources [--records L0|all] [--arch sm_80] [--template sm80/bwd] [-j N]
+    python3 -m frost.kernels.resources --profiles [-j N]
 
 Builds (or loads) the records into the disk cache as ``frost-compile`` does, then runs
 ``cuobjdump -res-usage`` on the device code embedded in each entry's object file and
 prints one Markdown row per record: template, the record's distinguishing fields, REG,
 STACK (the local frame: spills and local arrays; 0 is the goal). ``cuobjdump`` is found
 on PATH or through ``$CUOBJDUMP`` (pip: ``nvidia-cuda-cuobjdump``).
+
+``--profiles`` prints the README's table of supported GPUs instead: per class of the named parts
+(frost/devices.py: opt-in shared memory per block and SM90) and head-dim flavor, the forward's
+and the backward main kernel's tiles (default and deterministic mode, on a bf16 causal problem),
+their shared memory, and registers / stack from the SASS built for the class's architecture.
 """
 from __future__ import annotations
 
@@ -75,6 +81,60 @@ def report(records, arch: str) -> list[tuple[str, str, int, int]]:
     return rows
 
 
+FLAVOR_HEAD_DIMS = {"d64": (64, 64), "d128": (128, 128), "d192x128": (192, 128), "d192": (192, 192),
+                    "d256": (256, 256)}
+
+
+def profile_records(name: str) -> dict[str, tuple]:
+    """flavor -> (forward, backward main, deterministic backward main) records planned for the
+    named profile, on a bf16 causal problem (B2, S2048, 8 heads)."""
+    import torch
+
+    from frost import devices
+    from frost.engines.sm80 import Sm80Backward, Sm80Forward
+    from frost.problem import Problem
+
+    rows = {}
+    with devices.profile(name):
+        for flavor, (dqk, dv) in FLAVOR_HEAD_DIMS.items():
+            q, k, v = (torch.empty(2, 2048, 8, d, dtype=torch.bfloat16, device="meta") for d in (dqk, dqk, dv))
+            problem = Problem.from_call("forward", q, k, v, causal=True)
+            backward = dataclasses.replace(problem, direction="backward")  # the records read facts only
+            deterministic = dataclasses.replace(backward, deterministic=True)
+            rows[flavor] = (Sm80Forward().records(problem)[0], Sm80Backward().records(backward)[1],
+                            Sm80Backward().records(deterministic)[1])
+    return rows
+
+
+def _tile(record) -> str:
+    stages = getattr(record, "qdo_stages", 2)
+    single = ", Q/dO single-buffered" if stages == 1 else ""
+    return f"{record.tile_m}x{record.tile_n}, {record.num_warps} warps{single}"
+
+
+def profile_table(jobs: int) -> list[str]:
+    """The README's "Supported GPUs" rows (``--profiles``): one per class of parts and flavor."""
+    from frost import devices
+    from frost.kernels import prebuild
+
+    classes: dict[tuple[int, bool], list[str]] = {}
+    for name, part in devices.PROFILES.items():
+        classes.setdefault((part.smem_per_block_optin, part.sm90), []).append(name)
+    lines = ["| parts (opt-in smem / block) | flavor | forward tile | smem | REG/STACK | backward tile | smem "
+             "| REG/STACK | deterministic REG/STACK |", "|---|---|---|---|---|---|---|---|---|"]
+    for (smem, _), names in sorted(classes.items(), reverse=True):
+        arch = devices.named(names[0]).arch
+        records = profile_records(names[0])
+        flat = [r for trio in records.values() for r in trio]
+        if prebuild.build_records(flat, jobs, arch)["failed"]:
+            raise RuntimeError(f"a record of {names[0]} failed to build for {arch}")
+        usage = {record: f"{reg}/{stack}" for record, (_, _, reg, stack) in zip(flat, report(flat, arch))}
+        for flavor, (fwd, bwd, det) in records.items():
+            lines.append(f"| {', '.join(names)} ({smem:,} B) | {flavor} | {_tile(fwd)} | {fwd.smem_bytes():,} "
+                         f"| {usage[fwd]} | {_tile(bwd)} | {bwd.smem_bytes():,} | {usage[bwd]} | {usage[det]} |")
+    return lines
+
+
 def main(argv=None) -> int:
     from frost.kernels import prebuild
 
@@ -83,7 +143,11 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", default="sm_80")
     parser.add_argument("--template", help="only records of this template, e.g. sm80/bwd")
     parser.add_argument("-j", "--jobs", type=int, default=1)
+    parser.add_argument("--profiles", action="store_true", help="the supported-GPUs table (module docstring)")
     args = parser.parse_args(argv)
+    if args.profiles:
+        print("\n".join(profile_table(args.jobs)))
+        return 0
     tasks, _ = prebuild.plan(prebuild._records(args.records, args.template), [args.arch])
     records = [record for record, _ in tasks]  # those the arch can build
     counts = prebuild.build_records(records, args.jobs, args.arch)

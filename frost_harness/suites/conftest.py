@@ -138,3 +138,22 @@ def pytest_collection_modifyitems(config, items):
             f"-m {markexpr!r} selects GPU tests only, but CUDA is not available (no device, or it failed to "
             "initialize): every test would skip"
         )
+
+
+@pytest.fixture
+def as_device(monkeypatch):
+    """``as_device(part)``: every CUDA device of the test is that part (a ``frost.devices`` profile
+    or its name), with no profile forced (``FROST_DEVICE_PROFILE`` included), so that plans for
+    ``cuda`` problems are made for it on any machine; restored after the test."""
+    from frost import devices
+    from frost.engines.base import Engine
+
+    def set_to(part):
+        part = devices.named(part) if isinstance(part, str) else part
+        monkeypatch.setattr(devices, "of_device", lambda device: part)
+        monkeypatch.setattr(devices, "_forced", None)
+        Engine.generation += 1  # plans kept for the previous device are stale
+        return part
+
+    yield set_to
+    Engine.generation += 1

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import frost
-from frost import dispatch
+from frost import devices, dispatch
 from frost.engines import native, sm80
 from frost.problem import BiasSpec, Problem
 from frost_harness.suites.harness import Case, check
@@ -34,14 +34,11 @@ def _problem(direction="forward", **changes) -> Problem:
 
 
 @pytest.fixture
-def capability(monkeypatch):
+def capability(as_device):
     """Set the compute capability every CUDA device reports (to torch-cudnn's table and to the SM80
-    engines' own check), with an H100's SM count."""
-    monkeypatch.setattr(sm80, "_sm_count", lambda device: 132)
-
+    engines' own check), an H100's figures otherwise."""
     def set_to(major: int, minor: int = 0):
-        monkeypatch.setattr(native, "compute_capability", lambda device: (major, minor) if "cuda" in device else None)
-        monkeypatch.setattr(sm80, "_compute_capability", lambda device: (major, minor))
+        as_device(dataclasses.replace(devices.named("h100"), compute_capability=(major, minor)))
 
     return set_to
 

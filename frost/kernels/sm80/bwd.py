@@ -93,7 +93,9 @@ TILE_HDIM_QK, TILE_HDIM_V = P.tile_hdim_qk, P.tile_hdim_v
 NUM_THREADS = P.num_threads
 CHECK_HDIM_QK, CHECK_HDIM_V = P.partial_hdim_qk, P.partial_hdim_v
 PACKED = P.layout == "thd"
-STAGES = 2  # Q and dO buffers: step i+1 loads while step i computes
+# Q and dO buffers: with 2, step i+1 loads while step i computes; with 1 (``qdo_stages``, where
+# shared memory is short) step i+1's loads start once every warp is done with step i's tiles
+STAGES = P.qdo_stages
 DQ_WIDTH = P.dq_reduce_width
 HAS_BIAS = P.bias_dtype is not None
 HAS_DBIAS = P.dbias_dtype is not None  # a bias whose gradient is wanted
@@ -310,10 +312,11 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
 
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()  # this step's Q, dO landed; every warp is done with the previous step
-        if i + 1 < num_steps:
-            next_head, next_m_block = step_coords(i + 1, first_head, m_block_min, num_m_blocks)
-            loads.issue(next_head, next_m_block, 1 - stage)
-        cute.arch.cp_async_commit_group()
+        if const_expr(STAGES == 2):
+            if i + 1 < num_steps:
+                next_head, next_m_block = step_coords(i + 1, first_head, m_block_min, num_m_blocks)
+                loads.issue(next_head, next_m_block, 1 - stage)
+            cute.arch.cp_async_commit_group()
 
         bias = None
         if const_expr(HAS_BIAS):
@@ -345,6 +348,12 @@ def key_block_pass(cta: KeyBlockCta, n_block, slice_head, first_of_walk: cutlass
         if const_expr(P.dq_first):  # the reductions drain under both products
             step.accumulate_dv(acc_dV, stage)
         step.accumulate_dk(acc_dK, stage)
+        if const_expr(STAGES == 1):  # the one buffer is free once every warp's dK and dV products read it
+            cute.arch.barrier()
+            if i + 1 < num_steps:
+                next_head, next_m_block = step_coords(i + 1, first_head, m_block_min, num_m_blocks)
+                loads.issue(next_head, next_m_block, 0)
+            cute.arch.cp_async_commit_group()
 
     # ---- epilogue ------------------------------------------------------------------
     acc_dK.store(acc_dK.load() * scale)

@@ -19,6 +19,7 @@ atom and of the global copies (``tiles.py``).
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 DTYPES = ("float16", "bfloat16")
 FLAVORS = {  # name -> (tile_hdim_qk, tile_hdim_v)
@@ -298,6 +299,9 @@ class BwdParams(_Tiles):
     # none), which sum dK and dV in split order through distributed shared memory and write dk
     # and dv themselves: no fp32 partials, no bwd_combine (sm80/bwd.py, "Cluster sum"; SM90)
     split_cluster: int = 0
+    # Q and dO buffers: 2 (the next step's tiles load while this one computes) or 1 (they load
+    # after it: the shared memory of one stage less, for parts whose tiles do not fit otherwise)
+    qdo_stages: int = 2
 
     @property
     def reduces_dq(self) -> bool:
@@ -320,11 +324,8 @@ class BwdParams(_Tiles):
         return self.tile_n % size == 0 and self.cluster_stash_bytes() <= self.smem_bytes()
 
     def smem_bytes(self) -> int:
-        widths = self.tile_hdim_qk + self.tile_hdim_v
-        k_v = self.tile_n * widths
-        q_do = 2 * self.tile_m * widths  # Q and dO, two stages each
-        p_ds = 2 * self.tile_m * self.tile_n
-        return 2 * (k_v + q_do + p_ds) + (4 * self.tile_m * self.tile_n if self.bias_staged else 0)
+        tiles = _bwd_tiles_smem(self.tile_m, self.tile_n, self.qdo_stages, self.tile_hdim_qk + self.tile_hdim_v)
+        return tiles + (4 * self.tile_m * self.tile_n if self.bias_staged else 0)
 
     def validate(self) -> "BwdParams":
         bad = _checker(self)
@@ -344,8 +345,10 @@ class BwdParams(_Tiles):
         rows_per_step = self.num_threads * 8 // 64
         if self.tile_m % rows_per_step or self.tile_n % rows_per_step:
             bad(f"tile_m and tile_n must be multiples of {rows_per_step} (rows per copy step)")
-        if self.tile_n % 64:
-            bad("tile_n must be a multiple of 64 (the swizzle atom of the P and dS tiles)")
+        if self.tile_n % 32:
+            bad("tile_n must be a multiple of 32 (the swizzle atom of the P and dS tiles)")
+        if self.qdo_stages not in (1, 2):
+            bad("qdo_stages must be 1 or 2")
         if self.dq_reduce_width not in DQ_REDUCE_WIDTHS:
             bad(f"dq_reduce_width must be one of {DQ_REDUCE_WIDTHS}")
         if self.dq_reduce_width > 1 and not self.reduces_dq:
@@ -392,9 +395,10 @@ def bwd_params_for(
     *, dtype: str, head_dim_qk: int, head_dim_v: int, layout: str, has_seqlens: bool,
     window_left: int, window_right: int, bottom_right: bool, deterministic: bool, dq_reduce_width: int = 1,
     split_group: bool = False, dq_slices: bool = False, bias_dtype: str | None = None,
-    bias_broadcast: bool = False, bias_grad: bool = True,
+    bias_broadcast: bool = False, bias_grad: bool = True, smem_limit: int = SMEM_BYTES_MAX,
 ) -> BwdParams:
-    """Lower a backward problem to the main kernel's params (``BWD_TILES``). ``dq_reduce_width``,
+    """Lower a backward problem to the main kernel's params, with the largest tiles of ``BWD_TILES``
+    that fit ``smem_limit`` bytes of shared memory per block (the device's). ``dq_reduce_width``,
     ``split_group`` and, deterministic, ``dq_slices`` (else the bwd_dq recompute) are the engine's
     choices per device and per problem size (frost/engines/sm80.py); the sliced dQ writes its
     slices whole (``dq_slice_stores``) wherever no left window forbids it. ``bias_broadcast``: the
@@ -411,12 +415,12 @@ def bwd_params_for(
     sliced = deterministic and dq_slices
     dq_reduce_width = dq_reduce_width if not deterministic or sliced else 1
     tile_qk, tile_v = FLAVORS[flavor]
-    tile_m, tile_n, warps_m_sdp, warps_n_dkv, warps_m_dq = BWD_TILES[flavor]
+    tile = bwd_tile_for(flavor, smem_limit)
+    if tile is None:
+        raise ValueError(f"no backward tile of {flavor} fits {smem_limit} B of shared memory per block")
     return BwdParams(
         dtype=dtype, flavor=flavor, partial_hdim_qk=head_dim_qk < tile_qk, partial_hdim_v=head_dim_v < tile_v,
-        tile_m=tile_m, tile_n=tile_n, num_warps=8, warps_m_sdp=warps_m_sdp, warps_n_dkv=warps_n_dkv,
-        warps_m_dq=warps_m_dq,
-        layout=layout, has_seqlens=has_seqlens, has_window_left=window_left >= 0,
+        **tile._asdict(), layout=layout, has_seqlens=has_seqlens, has_window_left=window_left >= 0,
         has_window_right=window_right >= 0,
         bottom_right=bottom_right and (window_left >= 0 or window_right >= 0), deterministic=deterministic,
         dq_reduce_width=dq_reduce_width, split_group=split_group,
@@ -440,16 +444,53 @@ def dbias_fields(bias_dtype: str | None, broadcast: bool, deterministic: bool, g
     return dict(bias_dtype=bias_dtype, dbias_dtype="float32", dbias_reduce=not deterministic)
 
 
-# flavor -> the main backward kernel's (tile_m, tile_n, warps_m_sdp, warps_n_dkv, warps_m_dq), all
-# with 8 warps: FlashAttention-2's SM80 tiles (flash_bwd_launch_template.h, 2024), d64 128x128,
-# d128 64x128, and for head dims above 128 64x64 with S/dP split 4 x 2 and dK/dV, dQ 2 x 4 warps.
-# Per thread the wide tiles hold dK and dV (tile_n x tile_hdim / 256 fp32 each: 64 + 64 for d256)
-# across the whole loop, and a dQ product (64 for d256) at a time. Shared memory (Q and dO double
-# buffered): d192x128 136 KB, d192 160 KB, d256 208 KB.
+class BwdTile(NamedTuple):
+    """The main backward kernel's tiles and warps (BwdParams' fields of the same names)."""
+
+    tile_m: int
+    tile_n: int
+    num_warps: int
+    warps_m_sdp: int
+    warps_n_dkv: int
+    warps_m_dq: int
+    qdo_stages: int
+
+    def smem_bytes(self, flavor: str) -> int:
+        """Shared memory of the main kernel with these tiles (no staged bias)."""
+        return _bwd_tiles_smem(self.tile_m, self.tile_n, self.qdo_stages, sum(FLAVORS[flavor]))
+
+
+def _bwd_tiles_smem(tile_m: int, tile_n: int, qdo_stages: int, widths: int) -> int:
+    """Bytes of the main backward kernel's io-dtype tiles: K and V (``widths`` = their head-dim
+    tiles together), Q and dO a tile per stage each, P and dS."""
+    return 2 * (tile_n * widths + qdo_stages * tile_m * widths + 2 * tile_m * tile_n)
+
+
+# flavor -> the main backward kernel's tiles, largest first: a device takes the first whose shared
+# memory fits its opt-in limit per block (``bwd_tile_for``; a staged bias tile goes on top only
+# where it fits too). The first of each is FlashAttention-2's SM80 choice for parts of 144 KiB
+# and more (flash_bwd_launch_template.h): d64 128x128, d128 64x128, above 128 64x64 with S/dP split
+# 4 x 2 and dK/dV, dQ 2 x 4 warps, Q and dO double-buffered (160 KiB for d64, d128, d192;
+# d192x128 136 KiB; d256 208 KiB, Hopper only). The others fit smaller parts, each the largest
+# tile of least spill that fits: A100 / A30 (163 KiB) take d256 64x64 with single-buffered Q and
+# dO (144 KiB, FA2's A100 choice too); the 8.6 / 8.9 parts (99 KiB) d64 64x128 (96 KiB), d128
+# 64x64 single-buffered (80 KiB), d192x128 64x64 single-buffered (96 KiB), d192 32x64
+# single-buffered (80 KiB) and d256 32x32 with 4 warps single-buffered (68 KiB; 64x32 takes 104).
+# Per thread the 8-warp wide tiles hold dK and dV (tile_n x tile_hdim / 256 fp32 each) across the
+# loop and a dQ product at a time; sm_80 SASS of the small ones: 214-255 registers, no stack.
 BWD_TILES = {
-    "d64": (128, 128, 2, 4, 4), "d128": (64, 128, 2, 4, 2),
-    "d192x128": (64, 64, 4, 2, 2), "d192": (64, 64, 4, 2, 2), "d256": (64, 64, 4, 2, 2),
+    "d64": (BwdTile(128, 128, 8, 2, 4, 4, 2), BwdTile(64, 128, 8, 2, 4, 2, 2)),
+    "d128": (BwdTile(64, 128, 8, 2, 4, 2, 2), BwdTile(64, 64, 8, 2, 4, 4, 1)),
+    "d192x128": (BwdTile(64, 64, 8, 4, 2, 2, 2), BwdTile(64, 64, 8, 4, 2, 2, 1)),
+    "d192": (BwdTile(64, 64, 8, 4, 2, 2, 2), BwdTile(32, 64, 8, 2, 4, 2, 1)),
+    "d256": (BwdTile(64, 64, 8, 4, 2, 2, 2), BwdTile(64, 64, 8, 4, 2, 2, 1), BwdTile(32, 32, 4, 2, 2, 2, 1)),
 }
+
+
+def bwd_tile_for(flavor: str, smem_limit: int) -> BwdTile | None:
+    """The backward main kernel's tiles for a device allowing ``smem_limit`` bytes per block, or
+    None when none fits (``BWD_TILES``)."""
+    return next((tile for tile in BWD_TILES[flavor] if tile.smem_bytes(flavor) <= smem_limit), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -540,13 +581,18 @@ class BwdDqParams(_Tiles):
     bias_dtype: str | None = None  # the additive bias the recompute of P reads
 
     @classmethod
-    def of(cls, bwd: "BwdParams") -> "BwdDqParams":
-        return cls(
+    def of(cls, bwd: "BwdParams", smem_limit: int = SMEM_BYTES_MAX) -> "BwdDqParams":
+        """The pass after ``bwd``: key tiles of 128 rows for d64, 64 above, halved down to 32
+        while they exceed ``smem_limit`` (the device's; d256 on a 99 KiB part takes 32)."""
+        record = cls(
             dtype=bwd.dtype, flavor=bwd.flavor, partial_hdim_qk=bwd.partial_hdim_qk,
             partial_hdim_v=bwd.partial_hdim_v, layout=bwd.layout, has_seqlens=bwd.has_seqlens,
             has_window_left=bwd.has_window_left, has_window_right=bwd.has_window_right,
             bottom_right=bwd.bottom_right, tile_n=128 if bwd.flavor == "d64" else 64, bias_dtype=bwd.bias_dtype,
         )
+        while record.smem_bytes() > smem_limit and record.tile_n > 32:
+            record = dataclasses.replace(record, tile_n=record.tile_n // 2)
+        return record
 
     def smem_bytes(self) -> int:
         return 2 * (self.tile_m + self.tile_n) * (self.tile_hdim_qk + self.tile_hdim_v)  # Q, dO; K, V

@@ -6,7 +6,8 @@ that changes code: dtype, whether each head dim fills its flavor, layout and
 padding, which window sides are bounded, alignment, sinks, the bias's dtype (and, in the
 backward, whether it broadcasts and whether its gradient is wanted), deterministic mode,
 and the backward's device and size choices (dQ reduce width 1 on SM80 / 4 on
-SM90, GQA group split or not, how a bias is read and its dbias reduced); for the RoPE pass,
+SM90, GQA group split or not, how a bias is read and its dbias reduced, and the tiles that fit each
+device's shared memory: ``device_classes``); for the RoPE pass,
 dtype, layout, direction and the exact head dim (static there). Sizes, head counts, token
 totals and window values are runtime and do not multiply it.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from frost import devices
 from frost.kernels.sm80.config import (
     BwdCombineParams, BwdConvertParams, BwdDqParams, BwdPreParams, SPLIT_CLUSTERS, FwdParams, bwd_params_for,
     fwd_params_for,
@@ -79,27 +81,42 @@ def admitted_fwd_params() -> list[FwdParams]:
 SPLITS = (None, 0, *SPLIT_CLUSTERS[1:])
 
 
+def device_classes() -> list[tuple[int, bool]]:
+    """What of a device changes the backward's records: (opt-in shared memory per block, SM90's
+    instructions), one per class of the named parts (frost/devices.py), largest first."""
+    return sorted({(p.smem_per_block_optin, p.sm90) for p in devices.PROFILES.values()}, reverse=True)
+
+
 def admitted_bwd_params() -> list:
     """Every params record of every kernel of the backward chain (bwd_pre, bwd, bwd_convert or
     bwd_dq, and bwd_combine for split groups), as ``frost.engines.sm80.backward_choices`` can
-    produce them."""
+    produce them on any named device."""
     seen: dict = {}
-    # (deterministic, reduce width, sliced dQ): the default mode, the recompute, the sliced dQ
-    modes = ((False, 1, False), (False, 4, False), (True, 1, False), (True, 1, True), (True, 4, True))
+    for smem, sm90 in device_classes():
+        _admit_bwd_params(seen, smem, sm90)
+    return list(seen)
+
+
+def _admit_bwd_params(seen: dict, smem: int, sm90: bool) -> None:
+    """``admitted_bwd_params`` of one device class, into ``seen``."""
+    # (deterministic, reduce width, sliced dQ): the default mode, the recompute, the sliced dQ; 4 floats on SM90
+    modes = [(d, w, s) for d, w, s in ((False, 1, False), (False, 4, False), (True, 1, False), (True, 1, True),
+                                       (True, 4, True)) if w == 1 or sm90]  # fmt: skip
     # (dtype, broadcast, gradient wanted); without a gradient the broadcast changes no code
     biases = ((None, False, True), ("float32", False, True), ("float32", True, True), ("io", False, True),
               ("io", True, True), ("float32", False, False), ("io", False, False))
+    splits = SPLITS if sm90 else SPLITS[:2]  # clusters need SM90
     for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, sliced), split, bias in (
         itertools.product(("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(),
-                          (False, True), (False, True), modes, SPLITS, biases)
+                          (False, True), (False, True), modes, splits, biases)
     ):
         main = bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
             window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
             dq_reduce_width=width, dq_slices=sliced, bias_dtype=_bias_dtype(bias[0], dtype),
-            bias_broadcast=bias[1], bias_grad=bias[2],
+            bias_broadcast=bias[1], bias_grad=bias[2], smem_limit=smem,
         )
-        for bias_way in _bias_ways(main):
+        for bias_way in _bias_ways(main, smem, sm90):
             # the launch order as engines/sm80.backward_choices: the slices', or heavy-first for a
             # right-bounded mask with few heads (heavy_first_keeps_locality) and plain with many
             orders = ((False, True) if main.has_window_right and not bias_way["batch_inner"] and not main.dq_slices
@@ -111,20 +128,20 @@ def admitted_bwd_params() -> list:
                     continue  # backward_choices sums those splits through partials
                 seen[record.validate()] = None
         seen[BwdPreParams.of(main, sinks)] = None
-        seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main)] = None
+        seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main, smem)] = None
         if split == 0:
             seen[BwdCombineParams.of(main)] = None
-    return list(seen)
 
 
-def _bias_ways(main) -> list[dict]:
+def _bias_ways(main, smem: int, sm90: bool) -> list[dict]:
     """How the bias reaches the scores and dS reaches dbias, as engines/sm80.backward_choices may
-    choose per device and problem: a float32 bias staged in shared memory or not (the device's
-    room); a reduced dbias with sequences launched fastest or not (a bias broadcast over the
-    batch) and one or two floats per reduction (SM90, an even Sk)."""
-    staged = (False, True) if main.bias_dtype == "float32" else (False,)
+    choose per device and problem: a float32 bias staged in shared memory or not (where the
+    device has the room); a reduced dbias with sequences launched fastest or not (a bias
+    broadcast over the batch) and one or two floats per reduction (SM90, an even Sk)."""
+    fits = dataclasses.replace(main, bias_staged=True).smem_bytes() <= smem
+    staged = (False, True) if main.bias_dtype == "float32" and fits else (False,)
     batch_inner = (False, True) if main.dbias_reduce else (False,)
-    widths = (1, 2) if main.dbias_reduce else (1,)
+    widths = (1, 2) if main.dbias_reduce and sm90 else (1,)
     return [dict(bias_staged=s, batch_inner=b, dbias_reduce_width=w)
             for s, b, w in itertools.product(staged, batch_inner, widths)]
 

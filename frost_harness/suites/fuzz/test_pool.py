@@ -33,9 +33,8 @@ SIDE_MODES = ALL_MODES[:2]  # the identities run the forward and the default bac
 
 
 @pytest.fixture
-def as_on_an_h200(monkeypatch):
-    monkeypatch.setattr(sm80, "_compute_capability", lambda device: (9, 0))
-    monkeypatch.setattr(sm80, "_sm_count", lambda device: 132)
+def as_on_an_h200(as_device):
+    as_device("h200")
     if not sm80._dsl_installed():
         pytest.skip("the SM80 engines decline everything without the CuTe DSL")
 

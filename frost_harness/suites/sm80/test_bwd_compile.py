@@ -297,7 +297,7 @@ def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
 
 
 @pytest.mark.L0
-def test_bias_choices_follow_the_bias_and_the_device(monkeypatch):
+def test_bias_choices_follow_the_bias_and_the_device(as_device):
     """A float32 bias is staged in shared memory where the device has room; a dbias reduced over
     the batch launches sequences fastest (in place of heavy-first) with two floats per reduction
     on SM90 and an even Sk; nothing of it where dbias is stored per element or as partials
@@ -340,9 +340,7 @@ def test_bias_choices_follow_the_bias_and_the_device(monkeypatch):
     q = torch.randn(2, 300, 4, 64, dtype=torch.bfloat16)
     problem = dataclasses.replace(Problem.from_call(
         "backward", q, q, q, o=q, lse=torch.zeros(2, 4, 300), do=q, bias=torch.randn(1, 4, 300, 300)), device="cuda:0")
-    monkeypatch.setattr(sm80, "_compute_capability", lambda device: (8, 0))
-    monkeypatch.setattr(sm80, "_sm_count", lambda device: 108)
-    monkeypatch.setattr(sm80, "_smem_optin", lambda device: 163 * 1024)
+    as_device("a100")
     a100 = backward_choices(problem, heavy_first=None, batch_inner=None, dbias_reduce_width=None, bias_staged=None)[0]
     assert not a100.bias_staged and a100.dbias_reduce_width == 1 and a100.batch_inner
 
@@ -410,7 +408,7 @@ def test_split_plan_reports_the_partials_in_its_workspace():
 
 
 @pytest.mark.L0
-def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(monkeypatch):
+def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(as_device):
     """On SM90 (a CPU problem's plan) a group split in 2 sums dK and dV in clusters of its 2 CTAs
     (``split_cluster``): the chain has no bwd_combine and the workspace no partials; 4 splits keep
     the partials even when clusters are asked for; ``cluster_sum=False`` keeps them at 2 too; an SM80
@@ -434,9 +432,7 @@ def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(monkeypa
         params, parts = plan(**choice)
         assert params[1].split_cluster == cluster and (len(params) == 3) == bool(cluster), choice
         assert ({"dk_partial", "dv_partial"} <= parts) == (not cluster), choice
-    monkeypatch.setattr(engine, "_compute_capability", lambda device: (8, 0))
-    monkeypatch.setattr(engine, "_sm_count", lambda device: 108)
-    monkeypatch.setattr(engine, "_smem_optin", lambda device: 163 * 1024)
+    as_device("a100")
     a100 = dataclasses.replace(problem, device="cuda:0")
     for choice in (dict(split=2), dict(split=2, cluster_sum=True)):
         assert Sm80Backward(**choice)._chain(a100)[0][1].split_cluster == 0

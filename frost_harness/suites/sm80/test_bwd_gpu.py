@@ -187,14 +187,14 @@ def test_bwd_sm80_launch_orders_match_oracle(name, heavy_first, monkeypatch):
     """Default mode under a right-bounded mask, key blocks launched heaviest first or in plain
     order (forced, and as the dispatch chooses: plain once the heads outnumber half the SMs,
     ``heavy_first_keeps_locality``)."""
-    from frost.engines.sm80 import _sm_count
+    from frost import devices
 
     monkeypatch.setattr(_engine(), "heavy_first", heavy_first)
     case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, **{"head_dim_qk": 64, **LAUNCH_ORDER_CASES[name]})
     _assert_sm80(case)
     batch = len(case.lengths_q) if case.layout == "thd" else case.batch
     # these GQA groups are split at most into 4 parts, which keeps their few heads under half the SMs
-    want = heavy_first if heavy_first is not None else 2 * batch * case.heads_kv <= _sm_count("cuda:0")
+    want = heavy_first if heavy_first is not None else 2 * batch * case.heads_kv <= devices.profile_for("cuda:0").sm_count
     assert any(p.has_window_right and p.heavy_first == want and not p.deterministic
                for p in _bwd_records(BwdParams)), f"no record with heavy_first={want} was compiled"
 

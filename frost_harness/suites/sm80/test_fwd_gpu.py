@@ -88,11 +88,11 @@ FWD_ORDER_CASES = {  # d64 under right-bounded masks: few heads heavy-first, man
 @pytest.mark.L0
 @pytest.mark.parametrize("name", list(FWD_ORDER_CASES))
 def test_fwd_sm80_d64_launch_orders_match_oracle(name):
-    from frost.engines.sm80 import _sm_count
+    from frost import devices
     from frost.kernels.sm80 import compile as sm80_compile
 
     case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, head_dim_qk=64, **FWD_ORDER_CASES[name])
     _assert_sm80(case)
-    want = 2 * case.batch * case.heads_q <= _sm_count("cuda:0")
+    want = 2 * case.batch * case.heads_q <= devices.profile_for("cuda:0").sm_count
     assert any(key[1].flavor == "d64" and key[1].has_window_right and key[1].heavy_first == want
                for key in sm80_compile.FWD_CACHE.keys()), f"no d64 forward record with heavy_first={want}"

@@ -90,8 +90,8 @@ def test_rope_params_validator_names_the_rule(change, rule):
 
 
 @pytest.fixture
-def _hopper(monkeypatch):
-    monkeypatch.setattr(sm80, "_compute_capability", lambda device: (9, 0))
+def _hopper(as_device):
+    as_device("h200")
 
 
 def _tables(positions: int, head_dim: int):

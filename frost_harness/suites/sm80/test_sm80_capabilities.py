@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 import torch
 
+from frost import devices
 from frost.engines import sm80
 from frost.engines.sm80 import Sm80Backward, Sm80Forward
 from frost.problem import Problem
@@ -21,9 +22,8 @@ ENGINES = [Sm80Forward(), Sm80Backward()]
 
 
 @pytest.fixture(autouse=True)
-def _hopper(monkeypatch):
-    monkeypatch.setattr(sm80, "_compute_capability", lambda device: (9, 0))
-    monkeypatch.setattr(sm80, "_sm_count", lambda device: 132)  # the backward's lowering asks for it
+def _hopper(as_device):
+    as_device("h200")
 
 
 def _problem(engine, *, hq=4, hkv=4, dqk=64, dv=None, dtype=torch.bfloat16, device="cuda:0", q=None, **kw):
@@ -61,8 +61,8 @@ def test_each_boundary_accepts_one_side_and_declines_the_other(engine, accepted,
 
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
 @pytest.mark.parametrize("capability, accepted", [((8, 0), True), ((9, 0), True), ((7, 5), False), ((10, 0), False)])
-def test_compute_capability_boundary(engine, monkeypatch, capability, accepted):
-    monkeypatch.setattr(sm80, "_compute_capability", lambda device: capability)
+def test_compute_capability_boundary(engine, as_device, capability, accepted):
+    as_device(dataclasses.replace(devices.named("h200"), compute_capability=capability))
     declined = engine.check_support(_problem(engine))
     assert (declined is None) == accepted, declined
     if not accepted:
@@ -156,13 +156,16 @@ def _expanded(batch, seqlen, heads, dim=64):
     [
         ((65535, 1, 1), True), ((65536, 1, 1), False),  # sequences: the grid's y or z
         ((1, 1, 65535), True), ((1, 1, 65536), False),  # query heads
-        ((1, 64 * 65535, 1), True), ((1, 64 * 65535 + 1, 1), False),  # blocks of the smallest tile
+        ((1, "65535 tiles", 1), True), ((1, "65535 tiles + 1", 1), False),  # blocks of the smallest tile
     ],
 )
 def test_grid_dimensions_bound_batch_heads_and_blocks(engine, extents, accepted):
     """A problem whose launch would need more than 65535 CTAs along a grid's y or z goes to
-    another engine (a launch with such a grid fails) rather than to the kernels."""
+    another engine (a launch with such a grid fails) rather than to the kernels: blocks counted at
+    the smallest tile of the records (the d64 forward's 128 rows, the backward pre-pass's 64)."""
     batch, seqlen, heads = extents
+    if isinstance(seqlen, str):
+        seqlen = 65535 * (128 if engine.direction == "forward" else 64) + seqlen.endswith("+ 1")
     x = _expanded(batch, seqlen, heads)
     extra = {}
     if engine.direction == "backward":
