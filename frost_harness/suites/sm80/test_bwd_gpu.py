@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import frost
+from frost import devices
 from frost.dispatch import ledger
 from frost.kernels.sm80.config import BwdDqParams, BwdParams
 from frost.problem import prepare
@@ -187,8 +188,6 @@ def test_bwd_sm80_launch_orders_match_oracle(name, heavy_first, monkeypatch):
     """Default mode under a right-bounded mask, key blocks launched heaviest first or in plain
     order (forced, and as the dispatch chooses: plain once the heads outnumber half the SMs,
     ``heavy_first_keeps_locality``)."""
-    from frost import devices
-
     monkeypatch.setattr(_engine(), "heavy_first", heavy_first)
     case = dataclasses.replace(gpu_cases.BASE, dtype=torch.bfloat16, **{"head_dim_qk": 64, **LAUNCH_ORDER_CASES[name]})
     _assert_sm80(case)
@@ -487,7 +486,7 @@ def test_bwd_sm80_sliced_dq_matches_oracle_and_is_bitwise_stable(name, mode, mon
     assert main.dq_slices and convert.dq_slices and not main.heavy_first
     assert main.dq_slice_stores == (not main.has_window_left) != pre.dq_slices
     assert convert.dq_slice_stores == main.dq_slice_stores  # then it skips the chunks the main left unwritten
-    sm90 = torch.cuda.get_device_capability() >= (9, 0)
+    sm90 = devices.profile_for("cuda:0").sm90  # the device the plans are made for (a forced profile's)
     assert main.dq_reduce_width == (4 if sm90 and mode != "scalar" else 1)
     forced = SLICED_MODES[mode].get("dq_slices")
     assert plan.slices == (forced or dq_slice_count(problem, main, plan.splits))
