@@ -153,16 +153,18 @@ class UnfusedBackward(Engine):
 
 # torch-cudnn -----------------------------------------------------------------------
 
-# Device families (compute capability major) where torch's cuDNN attention measured faster than
-# frost's SM80 kernels on the problems torch-cudnn serves, with the measurement that decided it.
-# ``benchmarks/bench_sdpa.py`` (its last table) measures it on the device at hand; on SM8x frost's
-# kernels are the fast path (torch itself picks FlashAttention-2 there).
+# Device families (compute capability major) -> head dims where torch's cuDNN attention measured
+# faster than frost's SM80 kernels on the problems torch-cudnn serves, with the measurement that
+# decided it. ``benchmarks/train_step.py`` (frost-kernels against sdpa-cudnn) and
+# ``benchmarks/bench_sdpa.py`` (its last table) measure it on the device at hand; on SM8x frost's
+# kernels are the fast path (torch itself picks FlashAttention-2 there). d64 stays with frost's
+# kernels on SM90: in the same train_step run they trained 4.7% faster than cuDNN (4 layers,
+# 16/4 heads, 4 x 2048 tokens: 332.5k against 317.5k tokens/s).
 CUDNN_FASTER_ON = {
-    9: "torch's cuDNN attention measured 1.05-1.75x faster than frost's sm80 kernels on SM90 (H100, torch 2.11, "
-       "benchmarks/bench_sdpa.py: 18 dense shapes, d64 / d128, MHA / GQA / MQA, causal and full, forward and "
-       "backward)",
+    9: {128: "torch's cuDNN attention trained 2.0-4.9% faster than frost's sm80 kernels on SM90 (H100, torch 2.11, "
+             "benchmarks/train_step.py --modes eager, bf16, d128: 2 layers of 32/8, 28/4 and 16/1 heads)"},
 }
-CUDNN_HEAD_DIMS = (64, 128)  # the head dims measured against frost's kernels
+CUDNN_HEAD_DIMS = (64, 128)  # the head dims torch-cudnn serves (those measured against frost's kernels)
 
 TORCH_CUDNN_CAPABILITIES = Capabilities(
     dtypes=_IO_DTYPES,
@@ -202,7 +204,7 @@ class _TorchCudnnEngine(Engine):
 
     def ranks_first(self, problem: Problem) -> str | None:
         capability = compute_capability(problem.device)
-        return None if capability is None else CUDNN_FASTER_ON.get(capability[0])
+        return None if capability is None else CUDNN_FASTER_ON.get(capability[0], {}).get(problem.head_dim_qk)
 
     def compile(self, problem: Problem) -> Plan:
         reason = self._refused_by_torch(problem)

@@ -49,12 +49,14 @@ def test_cudnn_ranks_first_on_sm90_with_the_measured_reason(capability, directio
     capability(9)
     decision = dispatch.route(_problem(direction))
     assert decision.engine == "torch-cudnn" and decision.declined == () and not decision.forced
-    assert decision.ranked_first == native.CUDNN_FASTER_ON[9] and "SM90" in decision.ranked_first
-    assert "(ranked first: torch's cuDNN attention measured" in str(decision)
-    # full attention and MHA / MQA, d64, fp16 are its problems too
-    for changes in ({"causal": False, "window_right": -1}, {"heads_kv": 8}, {"heads_kv": 1},
-                    {"head_dim_qk": 64, "head_dim_v": 64}, {"dtype": torch.float16}):  # fmt: skip
+    assert decision.ranked_first == native.CUDNN_FASTER_ON[9][128] and "SM90" in decision.ranked_first
+    assert "(ranked first: torch's cuDNN attention trained" in str(decision)
+    # full attention and MHA / MQA, fp16 are its problems too
+    for changes in ({"causal": False, "window_right": -1}, {"heads_kv": 8}, {"heads_kv": 1}, {"dtype": torch.float16}):
         assert dispatch.route(_problem(direction, **changes)).engine == "torch-cudnn", changes
+    # d64 it serves when asked, but frost's kernels measured faster there: they keep their rank
+    d64 = _problem(direction, head_dim_qk=64, head_dim_v=64)
+    assert dispatch.route(d64).engine.endswith("_sm80") and dispatch.route(d64, engine="torch-cudnn").engine == "torch-cudnn"
 
 
 # Problems outside torch-cudnn's contract on SM90: frost's kernels serve them, with its reason.
@@ -66,8 +68,6 @@ FROST_ONLY = {
     "sinks": ({"has_sinks": True}, "attention sinks"),
     "rope": ({"has_rope": True}, "fused RoPE"),
     "bias": ({"bias": BiasSpec((1, 8, 256, 256), BF16)}, "additive bias"),
-    "head-dim-96": ({"head_dim_qk": 96, "head_dim_v": 96}, "only d64 and d128"),
-    "head-dim-256": ({"head_dim_qk": 256, "head_dim_v": 256}, "exceeds 128"),
     "dqk-ne-dv": ({"head_dim_v": 64}, "head_dim_qk != head_dim_v"),
     "unaligned": ({"vector_aligned": False}, "16-byte boundaries"),
 }
@@ -83,6 +83,14 @@ def test_frost_serves_what_cudnn_does_not_compute_exactly(capability, name):
     assert decision.engine == ("torch-sdpa" if name == "unaligned" else "sdpa_fwd_sm80")
     assert decision.ranked_first is None
     assert decision.declined[0][0] == "torch-cudnn" and reason in decision.declined[0][1], decision.declined
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("head_dim", [64, 96, 256])
+def test_head_dims_cudnn_was_not_measured_faster_on_keep_frosts_kernels_first(capability, head_dim):
+    capability(9)
+    decision = dispatch.route(_problem(head_dim_qk=head_dim, head_dim_v=head_dim))
+    assert decision.engine == "sdpa_fwd_sm80" and decision.declined == () and decision.ranked_first is None
 
 
 @pytest.mark.L0
