@@ -193,11 +193,12 @@ class BwdPreParams(_Tiles):
     @classmethod
     def of(cls, main: "BwdParams", has_sinks: bool) -> "BwdPreParams":
         """The pass before ``main``: it zeroes the accumulator unless the main kernel writes it
-        whole (``dq_slice_stores``)."""
+        whole (``dq_slice_stores``), in whole chunks of ``main``'s query tile (its own tile no
+        larger: 32 rows under a 32-row main tile)."""
         zeroes = main.reduces_dq and not main.dq_slice_stores
         return cls(dtype=main.dtype, flavor=main.flavor, partial_hdim_v=main.partial_hdim_v, layout=main.layout,
-                   has_seqlens=main.has_seqlens, has_sinks=has_sinks, accum_tile_m=main.tile_m if zeroes else 0,
-                   dq_slices=main.dq_slices and zeroes)
+                   has_seqlens=main.has_seqlens, has_sinks=has_sinks, tile_m=min(cls.tile_m, main.tile_m) if zeroes
+                   else cls.tile_m, accum_tile_m=main.tile_m if zeroes else 0, dq_slices=main.dq_slices and zeroes)
 
     def num_m_blocks(self, seqlen_q: int) -> int:
         """The grid's query-block extent: whole accumulator chunks when it zeroes them."""

@@ -102,6 +102,7 @@ def l0_problems():
 def _fits(record, profile: devices.DeviceProfile) -> bool:
     from frost.kernels.sm80.compile import arch_number, min_arch
 
+    record.validate()  # a ValueError names the rule a record breaks
     smem = record.smem_bytes() if hasattr(record, "smem_bytes") else 0
     return smem <= profile.smem_per_block_optin and arch_number(min_arch(record)) <= arch_number(profile.arch)
 
