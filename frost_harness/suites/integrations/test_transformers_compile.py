@@ -183,8 +183,15 @@ def test_fullgraph_training_steps_match_sdpa(case):
     _check_compiled_steps(case)
 
 
+# An open finding, judged and expected to fail (strict: a fix shows as XPASS and fails until the mark
+# goes). On an H100 (torch 2.11, transformers 5.17) the tiny gpt-oss model's logits are 0.26 from the
+# float32 eager model with frost's sm80 kernels serving its two attention calls, eager as compiled
+# (bf16 eager: 0.0046; frost's unfused engine on the same calls: 0.0047), while sdpa_fwd_sm80 matches
+# the unfused engine on the same problems with random q / k / v (D16, H4/2, window (5, 0) and causal,
+# sinks, q and k transposed BHSD views); the cause is not found yet.
+GPT_OSS_ON_SM80 = pytest.mark.xfail(strict=True, reason="gpt-oss with sinks on the sm80 kernels: logits off (open)")
 GPU_CASES = ("llama-causal", "llama-right-padding", "llama-packed-flash-kwargs", "llama-packed-position-ids",
-             "mistral-sliding-window-padding", "gpt-oss-sinks")  # fmt: skip
+             "mistral-sliding-window-padding", pytest.param("gpt-oss-sinks", marks=GPT_OSS_ON_SM80))  # fmt: skip
 
 
 @pytest.mark.L0
