@@ -153,8 +153,12 @@ def forward_heavy_first(problem: Problem, params) -> bool:
 
 
 class Sm80Backward(Engine):
-    """The backward chain. Per problem and device it chooses (``backward_choices``):
+    """The backward chain. Per problem and device (the ``frost.devices`` profile the plans are made
+    for: a forced one, or the GPU's own) it chooses (``backward_choices``):
 
+    - the main kernel's tiles: the largest of ``config.BWD_TILES`` whose shared memory fits the
+      device's opt-in limit per block (``bwd_tile_for``); ``check_support`` declines, naming the
+      shared memory, where none fits or another record of the chain would not;
     - the dQ reduce width: 4 floats per reduction (red.global.add.v4.f32) for d64 without a
       bias on SM90, with the dQ product first in a step (``config.bwd_params_for``): +2-3% on
       the d64 benchmark shapes on the H200, where 4 floats alone or the order alone gained
