@@ -2,8 +2,9 @@
 
     frost-compile --records L0 --arch sm_80,sm_90 -j 4 [--cache-dir DIR] [--template sm80/fwd] [--limit N]
 
-``--records L0`` builds the pairwise-covering subsets the L0 compile suites build;
-``all`` every record the SM80 engines can produce (frost/kernels/sm80/space.py). Each
+``--records L0`` builds the pairwise-covering subsets the L0 compile suites build
+(frost/kernels/sm80/covering.py); ``all`` every record the SM80 engines can produce
+(frost/kernels/sm80/space.py). Each
 record is built for each ``--arch`` (cross-compiling: the DSL needs no GPU for that),
 except where the record's own minimum architecture is newer than the one asked for
 (then it is skipped for that arch). Entries already in the cache are loaded, not rebuilt.
@@ -61,13 +62,14 @@ def _present(root, record, arch: str) -> bool:
 
 
 def _records(which: str, template: str | None) -> list:
-    from frost.kernels.sm80 import space
-    from frost.kernels.sm80.compile import template_of
+    from frost.kernels.sm80 import covering
+    from frost.kernels.sm80.compile import BWD_TEMPLATES, FWD_TEMPLATE, ROPE_TEMPLATE, template_of
 
-    records = space.l0_records() if which == "L0" else space.all_records()
-    if template is not None:
-        records = [r for r in records if template_of(r) == template]
-    return records
+    # only the family that holds the template's records: listing the backward's space takes a minute
+    family = {FWD_TEMPLATE: "fwd", ROPE_TEMPLATE: "rope", **dict.fromkeys(BWD_TEMPLATES, "bwd")}
+    families = covering.FAMILIES if template is None else [family[template]] if template in family else []
+    pick = covering.l0 if which == "L0" else covering.admitted
+    return [r for f in families for r in pick(f) if template is None or template_of(r) == template]
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -17,12 +17,14 @@ property ``gpu`` (``frost_harness.reports.verdict.GPU_PROPERTY``), so the report
 GPU tests ran and which skipped, and why.
 ``frost_harness.fuzz.plugin`` selects the Hypothesis profile of the fuzz suites (``ci`` unless
 told otherwise), gives each xdist worker its GPU and runs the ``frost-fuzz`` budget.
-Each test process gets a fresh, empty compile cache directory on disk
-(``FROST_CACHE_DIR``), so no test depends on what the user's cache holds and the
-compile suites really compile; tests about the disk cache point it elsewhere. The one
-exception is ``--frost-cache-dir DIR``: every process uses that cache (``frost-fuzz``
-passes the one it filled with the record pool's kernels, so its GPU workers load them
-instead of compiling: ``frost_harness.fuzz.prewarm``).
+Each run gets a fresh, empty compile cache directory on disk (``FROST_CACHE_DIR``), so no
+test depends on what the user's cache holds and the compile suites really compile; its
+xdist workers share it, so a record one worker compiled is a load in the others (tests
+about the disk cache point it elsewhere). The one exception is ``--frost-cache-dir DIR``:
+every process uses that cache (``frost-fuzz`` passes the one it filled with the record
+pool's kernels, so its GPU workers load them instead of compiling:
+``frost_harness.fuzz.prewarm``). An xdist worker runs torch on its share of the CPU cores:
+two workers of two threads each on two cores spend their time waiting on each other.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ MARKERS = (
     "allows_failed_cases(reason): the test passes with failed harness cases it expects (a Hypothesis example "
     "marked xfail, which pytest reports as a pass); the reports count them as expected, not as failures",
 )
+_CACHE_KEY = "frost_cache_dir"  # the run's compile cache, in each xdist worker's workerinput
 _test_cache_dir: str | None = None
 
 
@@ -54,14 +57,37 @@ def pytest_addoption(parser):
                      help="the compile cache on disk of every test process (default: a fresh empty one each)")
 
 
+class _XdistHooks:
+    """Hands the run's compile cache to each xdist worker."""
+
+    def __init__(self, cache_dir: str):
+        self.cache_dir = cache_dir
+
+    def pytest_configure_node(self, node):
+        node.workerinput[_CACHE_KEY] = self.cache_dir
+
+
 def pytest_configure(config):
     global _test_cache_dir
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     shared = config.getoption("frost_cache_dir", None)
-    _test_cache_dir = None if shared else tempfile.mkdtemp(prefix="frost-test-cache-")
-    os.environ["FROST_CACHE_DIR"] = os.path.abspath(shared) if shared else _test_cache_dir
+    workerinput = getattr(config, "workerinput", None)
+    if shared:
+        cache_dir = os.path.abspath(shared)
+    elif workerinput is not None:
+        cache_dir = workerinput[_CACHE_KEY]  # the controller's: it removes the directory
+    else:
+        cache_dir = _test_cache_dir = tempfile.mkdtemp(prefix="frost-test-cache-")
+    os.environ["FROST_CACHE_DIR"] = cache_dir
     os.environ.pop("FROST_DISK_CACHE", None)  # the suites run with the disk cache on, wherever they run
+    if workerinput is None:
+        if config.pluginmanager.hasplugin("xdist"):
+            config.pluginmanager.register(_XdistHooks(cache_dir), "frost-cache-xdist")
+    else:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workerinput["workercount"]))
 
 
 def pytest_unconfigure(config):

@@ -1,35 +1,30 @@
-"""The admitted SM80 params space, for the compile suites: it lives in the package
-(``frost/kernels/sm80/space.py``) because ``frost-compile`` needs it and an installed package
-must not import the test suites. ``RecordSweep`` and ``parametrize_sweeps``: a compile suite's
-records, enumerated on first use and listed only for a run that can select their tests."""
+"""The compile suites' records: ``RecordSweep`` and ``parametrize_sweeps``. The admitted SM80
+params space lives in the package (``frost/kernels/sm80/space.py``, its L0 subsets in
+``covering.py``) because ``frost-compile`` needs it and an installed package must not import
+the test suites; a suite's records are enumerated on first use, once per process, and listed
+only for a run that can select their tests."""
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
-from frost.kernels.sm80.space import (  # noqa: F401
-    HEAD_DIMS, LAYOUTS, WINDOWS, admitted_bwd_params, admitted_fwd_params, all_records, covering_subset,
-    l0_records,
-)
+from frost.kernels.sm80 import covering
 from frost_harness.suites import conftest
 
 
 class RecordSweep:
-    """A compile suite's records, enumerated once, when a test first needs them: every admitted
-    record (``every``), the L0 pairwise-covering subset (``l0``; of ``l0_space`` where L0 draws
-    from a narrower space) and the L1 rest."""
+    """A compile suite's records of one family (``covering.FAMILIES``): every admitted record
+    (``every``), the L0 pairwise-covering subset (``l0``) and the L1 rest."""
 
-    def __init__(self, admitted: Callable[[], list], l0_space: Callable[[], list] | None = None):
-        self._admitted = admitted
-        self._l0_space = l0_space
+    def __init__(self, family: str):
+        self.family = family
 
-    @functools.cached_property
-    def every(self) -> list:
-        return self._admitted()
+    @property
+    def every(self) -> tuple:
+        return covering.admitted(self.family)
 
-    @functools.cached_property
-    def l0(self) -> list:
-        return covering_subset(self._l0_space() if self._l0_space else self.every)
+    @property
+    def l0(self) -> tuple:
+        return covering.l0(self.family)
 
     def rest(self) -> list:
         chosen = set(self.l0)

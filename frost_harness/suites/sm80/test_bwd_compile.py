@@ -17,9 +17,9 @@ from frost.kernels.sm80.config import (  # noqa: E402
     BwdCombineParams, BwdConvertParams, BwdDqParams, BwdParams, BwdPreParams,
 )
 from frost.problem import Problem  # noqa: E402
-from frost_harness.suites.sm80.params_space import RecordSweep, admitted_bwd_params, parametrize_sweeps  # noqa: E402
+from frost_harness.suites.sm80.params_space import RecordSweep, parametrize_sweeps  # noqa: E402
 
-SWEEP = RecordSweep(admitted_bwd_params)
+SWEEP = RecordSweep("bwd")
 COMPILE = {BwdPreParams: sm80_compile.compile_bwd_pre, BwdParams: sm80_compile.compile_bwd,
            BwdDqParams: sm80_compile.compile_bwd_dq, BwdConvertParams: sm80_compile.compile_bwd_convert,
            BwdCombineParams: sm80_compile.compile_record}  # fmt: skip
@@ -233,6 +233,7 @@ def test_sliced_plan_is_the_least_estimated_chain_within_the_scratch_bound():
 
 
 @pytest.mark.L0
+@pytest.mark.usefixtures("stand_in_kernels")
 def test_sliced_deterministic_plan_zeroes_sums_and_carves_its_slices():
     """Deterministic mode's sliced dQ: the chain is bwd_pre, the main kernel writing its own slice
     (no launch order of its own) and bwd_convert summing them; the accumulator's head axis holds

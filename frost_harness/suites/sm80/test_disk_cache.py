@@ -25,12 +25,12 @@ import cutlass  # noqa: E402,F401  (a hard dependency: a missing DSL fails these
 from frost.kernels import disk_cache  # noqa: E402
 from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
 from frost.kernels.sm80.config import BwdConvertParams, BwdParams, BwdPreParams, FwdParams  # noqa: E402
-from frost.kernels.sm80.space import l0_records  # noqa: E402
+from frost.kernels.sm80 import covering  # noqa: E402
 from frost.kernels.template import CompileCache  # noqa: E402
 from frost_harness.suites import source  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
-L0 = l0_records()
+L0 = covering.l0("fwd") + covering.l0("bwd")
 FWD = next(p for p in L0 if isinstance(p, FwdParams))
 PRE = next(p for p in L0 if isinstance(p, BwdPreParams))
 CONVERT = next(p for p in L0 if isinstance(p, BwdConvertParams))
@@ -253,8 +253,9 @@ def test_two_processes_writing_one_key_leave_one_valid_entry(tmp_path):
 def test_frost_compile_fills_a_cache_a_fresh_process_uses(tmp_path):
     cache_dir = tmp_path / "prebuilt"
     arch = sm80_compile.target_arch()  # the fresh process's own target (the GPU's, on a GPU machine)
+    # the forward's records: only its family is listed (the backward's space takes a minute)
     cmd = [sys.executable, "-m", "frost.kernels.prebuild", "--records", "L0", "--arch", arch, "-j", "2",
-           "--cache-dir", str(cache_dir), "--template", "sm80/bwd_pre", "--limit", "2"]
+           "--cache-dir", str(cache_dir), "--template", "sm80/fwd", "--limit", "2"]
     env = _env(tmp_path / "elsewhere")  # --cache-dir wins over the environment
     run = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -262,8 +263,7 @@ def test_frost_compile_fills_a_cache_a_fresh_process_uses(tmp_path):
     again = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert "0 compiled, 2 already present" in again.stdout, again.stdout
     assert not (tmp_path / "elsewhere").exists()
-    pres = [p for p in L0 if isinstance(p, BwdPreParams)]
-    result = _child(cache_dir, pres[1])
+    result = _child(cache_dir, covering.l0("fwd")[1])
     assert (result["compiles"], result["loads"]) == (0, 1), result
 
 

@@ -2,8 +2,8 @@
 
 CUDA rejects a launch with a zero grid extent, so the launchers skip every kernel whose grid
 would be empty (no sequence, no query rows, no key rows). CPU: which kernels of the chain a
-zero extent skips (the compiled kernels replaced by recorders), and an all-empty packed batch
-served end to end without a kernel. GPU: dense Sq = 0 and Sk = 0, forward and backward, against
+zero extent skips (recorders where the compiled kernels would be: nothing is compiled), and an
+all-empty packed batch served end to end without a kernel. GPU: dense Sq = 0 and Sk = 0, forward and backward, against
 the float64 oracle's closed forms (o = 0, lse = -inf, zero gradients).
 """
 from __future__ import annotations
@@ -19,49 +19,53 @@ from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
 from frost.problem import prepare  # noqa: E402
 
 
-pytestmark = pytest.mark.usefixtures("cpu_target")
-
-
 class _Recorder:
-    def __init__(self, name, calls):
-        self.name, self.calls = name, calls
+    def __init__(self, record, calls):
+        self.record, self.calls = record, calls
 
     def __call__(self, *args):
-        self.calls.append(self.name)
+        self.calls.append(self.record)
 
 
-def _chain_calls(sq: int, sk: int, deterministic: bool) -> list[str]:
-    q = torch.randn(2, sq, 4, 64, dtype=torch.bfloat16)
-    k = torch.randn(2, sk, 4, 64, dtype=torch.bfloat16)
-    problem, tensors = prepare("backward", q, k, k, o=q, lse=torch.zeros(2, 4, sq), do=q,
-                               deterministic=deterministic)
-    plan = Sm80Backward().compile(problem)
-    calls: list[str] = []
-    plan._launch = plan._launch._replace(**{name: _Recorder(name, calls) for name in ("pre", "main", "last")})
-    plan.execute(tensors)
+@pytest.fixture
+def launches(stand_in_kernels) -> list:
+    """The records whose kernels the plans built in the test launched, in order."""
+    calls: list = []
+    stand_in_kernels(lambda record: _Recorder(record, calls))
     return calls
 
 
 @pytest.mark.L0
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_zero_extents_skip_exactly_the_kernels_with_empty_grids(deterministic):
-    assert _chain_calls(64, 64, deterministic) == ["pre", "main", "last"]
-    assert _chain_calls(0, 64, deterministic) == ["main"]  # writes dk = dv = 0
-    assert _chain_calls(64, 0, deterministic) == ["pre", "last"]  # writes dq = 0
+def test_zero_extents_skip_exactly_the_kernels_with_empty_grids(deterministic, launches):
+    def launched(sq: int, sk: int) -> list:
+        q = torch.randn(2, sq, 4, 64, dtype=torch.bfloat16)
+        k = torch.randn(2, sk, 4, 64, dtype=torch.bfloat16)
+        problem, tensors = prepare("backward", q, k, k, o=q, lse=torch.zeros(2, 4, sq), do=q,
+                                   deterministic=deterministic)
+        plan = Sm80Backward().compile(problem)
+        launches.clear()
+        plan.execute(tensors)
+        return [plan.params.index(record) for record in launches]
+
+    assert launched(64, 64) == [0, 1, 2]  # bwd_pre, bwd, bwd_convert or bwd_dq
+    assert launched(0, 64) == [1]  # writes dk = dv = 0
+    assert launched(64, 0) == [0, 2]  # writes dq = 0
 
 
 @pytest.mark.L0
-def test_all_empty_packed_batch_launches_nothing_and_returns_zeros():
+def test_all_empty_packed_batch_launches_nothing_and_returns_zeros(launches):
     q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
     cu = torch.zeros(3, dtype=torch.int32)
     kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, sinks=torch.randn(4))
     problem, tensors = prepare("forward", q, q, q, **kw)
-    o, lse = Sm80Forward().compile(problem).execute(tensors)  # a launch on CPU tensors would raise
+    o, lse = Sm80Forward().compile(problem).execute(tensors)
     assert o.abs().sum() == 0 and lse.abs().sum() == 0  # rows past cu_seqlens[-1]: the zero fill
     problem, tensors = prepare("backward", q, q, q, o=q, lse=torch.zeros(4, 5), do=q, **kw)
     grads = Sm80Backward().compile(problem).execute(tensors)
     for name in ("dq", "dk", "dv", "dsinks"):
         assert getattr(grads, name).abs().sum() == 0, name
+    assert launches == []
 
 
 @pytest.mark.L0

@@ -14,9 +14,9 @@ from frost.engines.sm80 import Sm80Forward  # noqa: E402
 from frost.kernels.sm80 import compile as sm80_compile  # noqa: E402
 from frost.kernels.sm80.config import FLAVORS, FwdParams  # noqa: E402
 from frost.problem import Problem  # noqa: E402
-from frost_harness.suites.sm80.params_space import RecordSweep, admitted_fwd_params, parametrize_sweeps  # noqa: E402
+from frost_harness.suites.sm80.params_space import RecordSweep, parametrize_sweeps  # noqa: E402
 
-SWEEP = RecordSweep(admitted_fwd_params)
+SWEEP = RecordSweep("fwd")
 
 
 def _id(p: FwdParams) -> str:

@@ -2,9 +2,10 @@
 point (``sdpa_fwd``, ``sdpa_bwd_pre``, ...): a compiled TVM-FFI function takes them positionally,
 so an argument out of place is a wrong result or a fault on the GPU, not an error here.
 
-CPU: the plan's compiled kernels are replaced by binders that bind each call to the entry
-point's signature (the stream aside: compiled functions launch on the current one) and the
-bound arguments are checked against the call's tensors, outputs and scalars.
+CPU: the plan holds binders where its compiled kernels would be (nothing is compiled: a
+record's template gives the entry point), which bind each call to the entry point's signature
+(the stream aside: compiled functions launch on the current one); the bound arguments are
+checked against the call's tensors, outputs and scalars.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from frost.kernels.sm80.compile import LOG2_E, template_of
 from frost.kernels.template import load_template
 from frost.problem import prepare
 
-pytestmark = [pytest.mark.L0, pytest.mark.usefixtures("cpu_target")]
+pytestmark = pytest.mark.L0
 
 
 class _Binder:
@@ -73,16 +74,21 @@ BACKWARDS = {  # name: (engine, layout, heads_q, heads_kv, deterministic, call k
 }
 
 
+@pytest.fixture
+def calls(stand_in_kernels) -> dict:
+    """Template -> the arguments of its last call, by name, for the plans built in the test."""
+    calls: dict = {}
+    stand_in_kernels(lambda record: _Binder(record, calls))
+    return calls
+
+
 @pytest.mark.parametrize("name", sorted(BACKWARDS))
-def test_backward_chain_arguments_bind_to_the_entry_points(name):
+def test_backward_chain_arguments_bind_to_the_entry_points(name, calls):
     engine, layout, heads_q, heads_kv, deterministic, keywords = BACKWARDS[name]
     q, k, v, lse, kw = _inputs(layout, heads_q, heads_kv, sinks=not name.startswith("split"))
     problem, t = prepare("backward", q, k, v, o=q, lse=lse, do=torch.randn_like(q), deterministic=deterministic,
                          **kw, **keywords)
     plan = engine.compile(problem)
-    calls: dict = {}
-    binders = dict(zip(("pre", "main", "last", "combine"), (_Binder(r, calls) for r in plan.params)))
-    plan._launch = plan._launch._replace(**binders)
     grads = plan.execute(t)
 
     pre, main = calls["sm80/bwd_pre"], calls["sm80/bwd"]
@@ -122,13 +128,10 @@ def test_backward_chain_arguments_bind_to_the_entry_points(name):
 
 
 @pytest.mark.parametrize("layout", ["bshd", "thd"])
-def test_forward_arguments_bind_to_the_entry_point(layout):
+def test_forward_arguments_bind_to_the_entry_point(layout, calls):
     q, k, v, _, kw = _inputs(layout, 4, 2, sinks=True)
     problem, t = prepare("forward", q, k, v, window=(40, 3), scale=0.2, **kw)
-    plan = Sm80Forward().compile(problem)
-    calls: dict = {}
-    plan._compiled = _Binder(plan.params, calls)
-    o, lse = plan.execute(t)
+    o, lse = Sm80Forward().compile(problem).execute(t)
     fwd = calls["sm80/fwd"]
     assert not _misbound(fwd, mQ=t.q, mK=t.k, mV=t.v, mO=o, mLSE=lse, mCuSeqlensQ=t.cu_seqlens_q,
                          mCuSeqlensK=t.cu_seqlens_k, mSeqlensQ=t.seqlens_q, mSeqlensK=t.seqlens_k, mSinks=t.sinks,
