@@ -240,7 +240,7 @@ def main(argv=None) -> int:
                         help="an earlier run's mutants.json: its verdicts are kept and only the rest judged")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                         help="the compile cache on disk that every suite run shares (default: frost's, "
-                             "FROST_CACHE_DIR or ~/.cache/frost; '' gives each test process a fresh one)")
+                             "FROST_CACHE_DIR or ~/.cache/frost; '' gives each suite run a fresh one)")
     parser.add_argument("--baseline-log", metavar="LOG",
                         help="a pytest log of these suites (or a superset) on this tree, run just before: "
                              "judged instead of running the unmutated suites again")

@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or invocation.output_folder() / f"{args.level}-{started:%Y%m%d-%H%M%S}").resolve()
     options = ["-m", marker_expression(args.level), "-q", f"--frost-records={out / 'records'}",
                f"--junitxml={out / verdict.JUNIT_FILE}"]  # fmt: skip
-    if args.workers:
-        options += ["-n", args.workers]
+    if args.workers:  # idle workers take queued tests from busy ones: the compile tests are uneven
+        options += ["-n", args.workers, "--dist", "worksteal"]
     command = invocation.pytest_command(options, args.pytest_args, [invocation.SUITES],
                                         cache_dir=invocation.output_folder() / "pytest-cache")
     print("frost-report:", shlex.join(command), flush=True)  # quoted: pastes into a shell as is

@@ -152,7 +152,7 @@ def test_a_mutant_tree_is_the_two_packages_and_runs_its_own_suites(tmp_path, mon
 @pytest.mark.L0
 def test_every_suite_run_shares_the_chosen_compile_cache(tmp_path, monkeypatch):
     """``--cache-dir`` reaches each pytest run as ``--frost-cache-dir``; the default is frost's
-    own cache directory, and '' leaves each test process its fresh one."""
+    own cache directory, and '' leaves each suite run its fresh one."""
     seen = []
     monkeypatch.setattr(mutate.invocation, "pytest_command", lambda options, *a, **k: seen.append(options) or ["true"])
     args = mutate.main.__globals__["argparse"].Namespace(marker="L0 and gpu", suites=["s"], workers=1, timeout=5,
