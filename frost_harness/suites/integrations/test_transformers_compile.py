@@ -23,8 +23,8 @@ transformers = pytest.importorskip("transformers")
 
 from frost.dispatch import ledger  # noqa: E402
 from frost.integrations import transformers as adapter  # noqa: E402  (registers "frost")
-from frost_harness.suites.integrations.test_transformers import (  # noqa: E402
-    BF16, VOCAB, _config, _frost_forwards, _models, _run, assert_like_sdpa,
+from frost_harness.suites.integrations.test_transformers import (  # noqa: E402,F401  (_fresh_fallbacks: autouse)
+    BF16, VOCAB, _config, _fresh_fallbacks, _frost_forwards, _models, _run, assert_like_sdpa,
 )  # fmt: skip
 
 

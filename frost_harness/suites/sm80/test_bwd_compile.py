@@ -158,6 +158,7 @@ def test_group_split_reaches_two_waves(heads, lengths, sms, want):
 
 
 @pytest.mark.L0
+@pytest.mark.usefixtures("stand_in_kernels")
 def test_recompute_chain_where_the_slices_would_not_fit_or_when_forced():
     """Deterministic mode takes the dQ recompute (bwd_pre without an accumulator to zero, the main
     kernel making dK and dV only, bwd_dq) where filling the SMs would take more slices than
@@ -394,6 +395,7 @@ def test_heavy_first_only_while_a_wave_holds_two_ctas_per_head():
 
 
 @pytest.mark.L0
+@pytest.mark.usefixtures("stand_in_kernels")
 def test_split_plan_reports_the_partials_in_its_workspace():
     """A split plan carries the split count and sizes fp32 dK / dV partials (one per split) in its
     workspace; unsplit, none."""
@@ -409,6 +411,7 @@ def test_split_plan_reports_the_partials_in_its_workspace():
 
 
 @pytest.mark.L0
+@pytest.mark.usefixtures("stand_in_kernels")
 def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(as_device):
     """On SM90 (a CPU problem's plan) a group split in 2 sums dK and dV in clusters of its 2 CTAs
     (``split_cluster``): the chain has no bwd_combine and the workspace no partials; 4 splits keep
@@ -443,6 +446,7 @@ def test_two_splits_sum_in_clusters_on_sm90_without_partials_or_combine(as_devic
 
 
 @pytest.mark.L0
+@pytest.mark.usefixtures("stand_in_kernels")
 def test_workspace_carves_disjoint_typed_views_at_the_buffer_offset():
     """Each part of a split, sliced, sinks-carrying backward's workspace is one contiguous float32
     view of the caller's bytes, at its own offset, none overlapping another, and relative to

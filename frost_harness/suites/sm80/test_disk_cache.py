@@ -53,7 +53,7 @@ _CHILD = textwrap.dedent("""
     from frost.kernels.sm80.config import *
     out = {"seconds": [], "errors": []}
     q = torch.zeros(1, 64, 2, 64, dtype=torch.float16)
-    arity = {FwdParams: 15, BwdPreParams: 12}
+    arity = {FwdParams: 15, BwdPreParams: 11}
     for text in sys.argv[1:]:
         params = eval(text)
         start = time.perf_counter()

@@ -168,6 +168,7 @@ def test_forward_plan_rotates_into_the_workspace_it_reports():
 
 
 @pytest.mark.L0
+@pytest.mark.usefixtures("stand_in_kernels")
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_plan_lists_both_directions_and_adds_the_rotated_copies_to_its_workspace(deterministic):
     problem = _packed("backward", [30, 0, 17], causal=True, deterministic=deterministic)
