@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+from collections.abc import Iterator
 
 ENV = "FROST_DEVICE_PROFILE"
 _MIB = 1 << 20
@@ -143,7 +144,7 @@ def use(name: str | DeviceProfile | None) -> DeviceProfile | None:
 
 
 @contextlib.contextmanager
-def profile(name: str | DeviceProfile | None):
+def profile(name: str | DeviceProfile | None) -> Iterator[DeviceProfile | None]:
     """``use(name)`` within a ``with`` block, the previous profile restored after it."""
     before = use(name)
     try:
