@@ -8,6 +8,9 @@ Public API:
   (``frost::sdpa_forward`` / ``frost::sdpa_backward``) that works under torch.compile
 - ``route(q, k, v, **keywords, direction="forward") -> Decision``: which engine would
   serve the call and why the ones ranked before it declined
+- ``attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., k=..., v=...) -> o``: one
+  decoding step over a KV cache (contiguous or paged), appending k and v in place first
+  (``frost.kvcache``; forward only)
 - ``flash_attn_func`` / ``flash_attn_varlen_func``: FlashAttention-2's function API
   (``frost.flash_attn``), so that code written for ``flash_attn`` switches by an import
 - ``device_profile(name)`` (a context manager) / ``use_device_profile(name)``: make every plan
@@ -20,6 +23,7 @@ CuTe DSL.
 from frost.api import route, sdpa_backward, sdpa_forward
 from frost.dispatch import Decision
 from frost.flash_attn import flash_attn_func, flash_attn_varlen_func
+from frost.kvcache import attention_with_kvcache
 from frost.ops import attention
 from frost import plans  # noqa: F401  (frost.plans.cache)
 from frost.devices import profile as device_profile, use as use_device_profile
@@ -27,5 +31,5 @@ from frost.problem import Grads, Problem
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
-__all__ = ["Decision", "Grads", "Problem", "attention", "device_profile", "flash_attn_func", "flash_attn_varlen_func",
-           "route", "sdpa_backward", "sdpa_forward", "use_device_profile"]
+__all__ = ["Decision", "Grads", "Problem", "attention", "attention_with_kvcache", "device_profile", "flash_attn_func",
+           "flash_attn_varlen_func", "route", "sdpa_backward", "sdpa_forward", "use_device_profile"]

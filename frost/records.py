@@ -66,6 +66,7 @@ class Options(NamedTuple):
     max_seqlen_k: int | None = None
     deterministic: bool = False
     bias_grad: bool = True  # backward: whether dbias is computed (False: dbias None, its work skipped)
-    # False for a call traced by torch.compile: once its signature was validated, seqlens /
-    # cu_seqlens are read back only where the launch needs their values (frost.validation.check_values)
+    # False for a call traced by torch.compile, and for frost.kvcache's forward (whose caller checks
+    # its lengths where they may be read): once its signature was validated, seqlens / cu_seqlens
+    # are read back only where the launch needs their values (frost.validation.check_values)
     check_lengths: bool = True

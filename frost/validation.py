@@ -57,7 +57,7 @@ def validate(direction: str, t: Tensors, options: Options) -> Extents:
     _check_options(options, direction)
     _check_bias(t, extents)
     _check_sinks(t)
-    _check_rope(t, extents)
+    check_rope(t, _positions_read(extents))
     if direction == "backward":
         _check_backward_tensors(t, extents)
     return extents
@@ -182,7 +182,7 @@ def _check_out_tensor(name, x, shape, dtype, device) -> None:
         raise ValueError(f"{name}: expected dtype {dtype}, got {x.dtype}")
     if x.device != device:
         raise ValueError(f"{name}: on {x.device} but the inputs are on {device}")
-    _check_stride(name, x)
+    check_stride(name, x)
 
 
 def _present(t: Tensors):
@@ -228,7 +228,7 @@ def _check_devices(t: Tensors) -> None:
             raise ValueError(f"{name}: on {x.device} but q is on {device} (mixed devices)")
 
 
-def _check_stride(name: str, x: torch.Tensor) -> None:
+def check_stride(name: str, x: torch.Tensor) -> None:
     if x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
         raise ValueError(f"{name}: the last dimension must have stride 1, got strides {tuple(x.stride())}")
 
@@ -237,7 +237,7 @@ def _check_last_dim_strides(t: Tensors) -> None:
     for name in ("q", "k", "v", "o", "lse", "do"):
         x = getattr(t, name)
         if x is not None:
-            _check_stride(name, x)
+            check_stride(name, x)
 
 
 def _check_heads(t: Tensors, head_axis: int) -> None:
@@ -475,7 +475,17 @@ def _check_sinks(t: Tensors) -> None:
         raise ValueError(f"sinks: expected shape ({heads},) (one per query head), got {tuple(sinks.shape)}")
 
 
-def _check_rope(t: Tensors, extents: Extents) -> None:
+def _positions_read(extents: Extents) -> int:
+    """The RoPE positions a call reads: dense, every row of the tensors has one; packed, the
+    longest sequence's."""
+    if extents.layout == "bshd":
+        return max(extents.seqlen_q, extents.seqlen_k)
+    return max(extents.longest_q, extents.longest_k)
+
+
+def check_rope(t: Tensors, needed: int) -> None:
+    """``rope_cos`` / ``rope_sin``: float32 ``[>= needed, Dqk // 2]`` tables, on q's device
+    (checked with the other tensors) and for an even head dim."""
     cos, sin = t.rope_cos, t.rope_sin
     if cos is None and sin is None:
         return
@@ -491,11 +501,6 @@ def _check_rope(t: Tensors, extents: Extents) -> None:
             raise ValueError(f"rope: tables must have shape [max_pos, {head_dim // 2}], got {tuple(x.shape)}")
     if cos.shape != sin.shape:
         raise ValueError(f"rope: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} differ in shape")
-    # Dense: every row of the tensors has a position; packed: the longest sequence.
-    if extents.layout == "bshd":
-        needed = max(extents.seqlen_q, extents.seqlen_k)
-    else:
-        needed = max(extents.longest_q, extents.longest_k)
     if cos.shape[0] < needed:
         raise ValueError(
             f"rope: tables have {cos.shape[0]} positions but positions up to {needed - 1} are used "
