@@ -11,8 +11,8 @@ Public API:
 - ``attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., k=..., v=...) -> o``: one
   decoding step over a KV cache (contiguous or paged), appending k and v in place first
   (``frost.kvcache``; forward only)
-- ``flash_attn_func`` / ``flash_attn_varlen_func``: FlashAttention-2's function API
-  (``frost.flash_attn``), so that code written for ``flash_attn`` switches by an import
+- ``flash_attn_func`` / ``flash_attn_varlen_func`` / ``flash_attn_with_kvcache``: FlashAttention-2's
+  function API (``frost.flash_attn``), so that code written for ``flash_attn`` switches by an import
 - ``device_profile(name)`` (a context manager) / ``use_device_profile(name)``: make every plan
   for the named GPU (``frost.devices.PROFILES``), as ``FROST_DEVICE_PROFILE=name`` does
 
@@ -22,7 +22,7 @@ CuTe DSL.
 """
 from frost.api import route, sdpa_backward, sdpa_forward
 from frost.dispatch import Decision
-from frost.flash_attn import flash_attn_func, flash_attn_varlen_func
+from frost.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from frost.kvcache import attention_with_kvcache
 from frost.ops import attention
 from frost import plans  # noqa: F401  (frost.plans.cache)
@@ -32,4 +32,5 @@ from frost.problem import Grads, Problem
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
 __all__ = ["Decision", "Grads", "Problem", "attention", "attention_with_kvcache", "device_profile", "flash_attn_func",
-           "flash_attn_varlen_func", "route", "sdpa_backward", "sdpa_forward", "use_device_profile"]
+           "flash_attn_varlen_func", "flash_attn_with_kvcache", "route", "sdpa_backward", "sdpa_forward",
+           "use_device_profile"]
