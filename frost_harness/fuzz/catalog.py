@@ -19,7 +19,7 @@ from functools import partial
 
 import torch
 
-from frost_harness.fuzz import budget, identities, properties
+from frost_harness.fuzz import budget, identities, kvcache, properties
 from frost_harness.fuzz.failures import PropertyFailure
 from frost_harness.reports import records
 from frost_harness.suites.harness import Case
@@ -43,6 +43,7 @@ PROPERTIES: dict[str, Callable[..., None]] = {
     for name, prop in {
         **properties.PROPERTIES,
         **{name: partial(identities.check_identity, identity) for name, identity in identities.IDENTITIES.items()},
+        **kvcache.PROPERTIES,
     }.items()
 }
 
