@@ -17,7 +17,8 @@ at ``cache_seqlens[b] + i``. Checked:
 - every ValueError names its argument and leaves the cache as it was; values are read only outside a
   CUDA-graph capture (simulated on the CPU) and torch.compile's tracing;
 - ``flash_attn_with_kvcache`` against ``attention_with_kvcache``, and what it refuses;
-- on CUDA the same, and a decode step captured in a CUDA graph, replayed with new ``cache_seqlens``.
+- on CUDA the same, and a decode loop captured in a CUDA graph (the increment of ``cache_seqlens``
+  included), replayed with new tokens and new lengths.
 """
 from __future__ import annotations
 
@@ -513,36 +514,39 @@ def test_flash_attn_with_kvcache_refuses_what_frost_cannot_do(refused):
 @pytest.mark.L0
 @pytest.mark.gpu
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_a_decode_step_captured_in_a_cuda_graph_replays_like_eager(paged):
-    """Capture one step (after its eager warm-up on a side stream), then write new queries, rows
-    and ``cache_seqlens`` into the captured tensors and replay: the outputs and the cache equal an
-    eager call's on the same values."""
+def test_a_decode_loop_captured_in_a_cuda_graph_replays_like_eager(paged):
+    """docs/USAGE.md's loop: one step, the increment of ``cache_seqlens`` included, captured after
+    its eager warm-up on a side stream; then new lengths, and each replay with a new token written
+    into the captured q, k, v: outputs and caches equal an eager loop's on the same values."""
     step = Step(heads_q=8, heads_kv=2, rope=True, sinks=True, paged=paged)
-    drawn = draw(step, "cuda")
-    args = drawn.arguments
+    args = draw(step, "cuda").arguments
+    eager = {**args, **{name: args[name].clone() for name in ("k_cache", "v_cache", "cache_seqlens")}}
 
-    def decode():
-        return frost.attention_with_kvcache(**args, **step.keywords, return_lse=True)
+    def decode(arguments):
+        out = frost.attention_with_kvcache(**arguments, **step.keywords, return_lse=True)
+        arguments["cache_seqlens"].add_(step.new_rows)
+        return out
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):
-            decode()
+        decode(args)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outputs = decode()
-    later = draw(dataclasses.replace(step, cached=(15, 2, 11), seed=1), "cuda")  # within either capacity
-    for name in ("q", "k", "v", "cache_seqlens"):
-        args[name].copy_(later.arguments[name])
-    eager_caches = [args[name].clone() for name in ("k_cache", "v_cache")]
-    graph.replay()
-    torch.cuda.synchronize()
-    eager = frost.attention_with_kvcache(**{**args, "k_cache": eager_caches[0], "v_cache": eager_caches[1]},
-                                         **step.keywords, return_lse=True)  # fmt: skip
-    assert bits_equal(outputs[0], eager[0]) and bits_equal(outputs[1], eager[1])
-    assert bits_equal(args["k_cache"], eager_caches[0]) and bits_equal(args["v_cache"], eager_caches[1])
+        outputs = decode(args)
+    for lengths in (args["cache_seqlens"], eager["cache_seqlens"]):  # within either capacity for 3 steps
+        lengths.copy_(torch.tensor([15, 2, 11], dtype=torch.int32))
+    for seed in range(1, 4):
+        later = draw(dataclasses.replace(step, seed=seed), "cuda").arguments
+        for name in ("q", "k", "v"):  # shared by both loops
+            args[name].copy_(later[name])
+        graph.replay()
+        want = decode(eager)
+        torch.cuda.synchronize()
+        assert bits_equal(outputs[0], want[0]) and bits_equal(outputs[1], want[1]), f"step {seed}"
+    for name in ("k_cache", "v_cache", "cache_seqlens"):
+        assert bits_equal(args[name], eager[name]), name
 
 
 # the wider grid ----------------------------------------------------------------------------
