@@ -60,6 +60,7 @@ class Step:
     scale: float | None = None
     rope: bool = False
     paged: bool = False
+    strided: bool = False  # k_cache and v_cache: the halves of one [..., 2, Hkv, D] buffer
     dtype: torch.dtype = BF16
     seed: int = 0
 
@@ -157,6 +158,9 @@ def draw(step: Step, device: str) -> Drawn:
         arguments.update(k_cache=_paged(caches[0], table, pages), v_cache=_paged(caches[1], table, pages),
                          block_table=table)  # fmt: skip
         caches_after = (_paged(after[0], table, pages), _paged(after[1], table, pages))
+    if step.strided:
+        buffer = torch.stack((arguments["k_cache"], arguments["v_cache"]), dim=2)
+        arguments.update(k_cache=buffer[:, :, 0], v_cache=buffer[:, :, 1])
     return Drawn(arguments, queries, keys, values, cached + step.new_rows, caches_after)
 
 
@@ -196,6 +200,7 @@ STEPS = {
     "rope-decode": Step(rope=True),
     "rope-speculative-gqa": Step(cached=(3, 0, 40), seqlen_q=3, new_rows=3, heads_q=8, heads_kv=2, rope=True),
     "across-pages": Step(cached=(60, 0, 125), seqlen_q=8, new_rows=8, rope=True),  # rows 60 .. 67: pages 0 and 1
+    "strided-caches": Step(seqlen_q=2, new_rows=2, strided=True),
 }
 
 
@@ -366,6 +371,8 @@ def test_cache_batch_idx_names_a_sequence_of_the_cache_to_read_and_write():
         assert cache[[1, 3]].isnan().all()
     with pytest.raises(ValueError, match=r"^cache_batch_idx: entry \[1\] = 5 is not a sequence"):
         frost.attention_with_kvcache(**{**args, **wide}, cache_batch_idx=torch.tensor([4, 5, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^k_cache: batch 5 does not match q's 3"):
+        frost.attention_with_kvcache(**{**args, **wide})
 
 
 @pytest.mark.L0
@@ -430,8 +437,15 @@ def test_a_compiled_step_matches_eager_and_reads_no_values(monkeypatch):
     got = run(compiled.arguments)
     monkeypatch.undo()
     want = decode(eager.arguments)
-    torch.compiler.reset()
     assert bits_equal(got[0], want[0]) and bits_equal(got[1], want[1])
+    # out= compiles too, with a graph break: its overlap check reads data pointers
+    torch.compiler.reset()
+    o, lse = _outputs(compiled, step)
+    got = torch.compile(decode, backend="aot_eager")({**compiled.arguments, "out": (o.body, lse.body)})
+    want = decode(eager.arguments)
+    torch.compiler.reset()
+    assert got[0] is o.body and bits_equal(o.body, want[0]) and bits_equal(lse.body, want[1])
+    assert not canaries.damage([o, lse])
 
 
 # flash_attn_with_kvcache ----------------------------------------------------------------
