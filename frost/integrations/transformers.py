@@ -19,43 +19,71 @@ Without a registered mask function transformers would pass no mask at all (it tr
 unknown implementations like TGI/vLLM backends), and padding would be lost. A 4-D mask is
 read once per forward pass (cached per mask object, so the layers after the first reuse
 the result): a candidate set of frost keywords is derived from it, the mask those keywords
-imply is built, and only an element-for-element match is served:
+imply is built, and an element-for-element match is served; a mask no candidate matches is
+served whole as a bias:
 
-- dense: the keys any query sees must be a prefix of length ``L_b`` per sequence (right
-  padding) -> ``seqlens_k`` (dropped when every ``L_b == Sk``); visibility causal top-left
-  (training, prefill) or bottom-right (a cache: the queries are the last ``Sq`` of ``Sk``
-  positions), or full; a sliding window ``w`` (transformers keeps keys ``j > i - w``) ->
-  ``window=(w - 1, 0)``. Only ``seqlens_k`` and never ``seqlens_q``: transformers' padded
-  query rows still attend to the valid keys (their outputs are garbage that the loss
-  ignores), and ``seqlens_q`` would make frost write zeros there instead; with
-  ``seqlens_k`` alone every row, padded or not, matches sdpa.
+- dense: each sequence's keys end after the last key any query sees, ``E_b`` ->
+  ``seqlens_k`` (dropped when every ``E_b == Sk``); keys before ``E_b`` that no query sees
+  (left padding, of a prompt or in a cache) -> -inf in a float32 key bias ``[B, 1, Sq, Sk]``
+  holding one row per sequence (stride 0 over the queries), so padding on either side copies
+  nothing; visibility causal top-left (training, prefill) or bottom-right (a cache: the queries
+  are the last ``Sq`` of the ``E_b`` keys), or full; a sliding window ``w`` (transformers keeps
+  keys ``j > i - w``) -> ``window=(w - 1, 0)``. Only ``seqlens_k`` and never ``seqlens_q``:
+  transformers' right-padded query rows still attend to the valid keys (their outputs are
+  garbage that the loss ignores), and ``seqlens_q`` would make frost write zeros there instead;
+  left-padded query rows see no key in sdpa's mask nor in frost's, and both write o = 0.
 - packed: ``Sq == Sk`` and the mask is block-diagonal causal (several sequences in one
   row, found from ``cu_seq_lens_q``, restarting ``position_ids``, or the mask's first
   visible key per row) -> the batch flattened to THD ``[B*S, H, D]`` with ``cu_seqlens``
   and ``max_seqlen``.
+- any other boolean mask -> the mask itself as a float32 bias, 0 where a key is visible and
+  -inf where not (every engine reads a -inf bias as a masked key, and a row masked everywhere
+  as empty, o = 0, as sdpa leaves it), with ``seqlens_k = E_b`` (``_bias_plan``): exact for
+  every mask, at the cost of an Sq x Sk bias per sequence, as sdpa's own mask costs.
 
-Left padding fails the prefix test and falls back: rolling each sequence to right padding
-would copy q, k, v and the output in every layer (in generation, the whole cache at every
-step), which costs more than sdpa's masked kernel saves. A float (additive) mask is read
-as boolean when its entries are only 0 and -inf / the dtype's minimum and no query row is
-fully masked (sdpa turns such a row into a uniform average, frost into zeros). Also
-falling back: dropout > 0, ``output_attentions``, ``head_mask``, ``softcap``, masks
-that differ per head, and dtypes other than float16 / bfloat16 (frost's io dtypes) outside
-autocast (under autocast q, k, v take autocast's dtype first, as sdpa's do).
-Sinks (gpt-oss's ``s_aux``) -> ``sinks`` (float32, differentiable). T5's ``position_bias``
-([1, H, Sq, Sk], learned) -> ``bias`` (differentiable: dbias reaches the relative-position
-embedding), except with packed sequences, whose positions restart where the bias's do not.
+A float (additive) mask is read as boolean when its entries are only 0 and -inf / the dtype's
+minimum and no query row is fully masked (sdpa turns such a row into a uniform average, frost
+into zeros). Also falling back: dropout > 0, ``output_attentions``, ``head_mask``, ``softcap``,
+masks that differ per head, other additive masks, and dtypes other than float16 / bfloat16
+(frost's io dtypes) outside autocast (under autocast q, k, v take autocast's dtype first, as
+sdpa's do). Sinks (gpt-oss's ``s_aux``) -> ``sinks`` (float32, differentiable). T5's
+``position_bias`` ([1, H, Sq, Sk], learned) -> ``bias`` (differentiable: dbias reaches the
+relative-position embedding; a mask's bias is added to it), except with packed sequences, whose
+positions restart where the bias's do not.
+
+Generation (``model.generate``). The model appends each step's keys and values to its cache
+before the attention function runs, which then attends the cache as it is: ``key`` / ``value``
+hold every cached row (the dynamic cache: the tokens so far; the static cache: its capacity,
+the rows past the tokens so far unfilled; a sliding-window layer: the window's last rows). The
+prefill's mask is None (no padding: causal top-left, which also keeps a static cache's unfilled
+rows out) or sdpa's ``[B, 1, S, Sk]``; a decoding step's is None (the dynamic cache without
+padding: one query sees every key) or ``[B, 1, 1, Sk]``, built from the 2-D padding mask and the
+query's position in the cache. The reading above serves all of them: the queries are the newest
+tokens (bottom-right), a static cache's unfilled rows lie past ``E_b`` (``seqlens_k``), and a
+batch of left-padded prompts gets the key bias, at prefill and at every step. With the static
+cache transformers compiles the decoding step and builds its mask outside the compiled graph
+(``prepare_inputs_for_generation``), so the traced step receives that 4-D mask (below). These
+calls go to ``frost.attention`` and not to ``frost.attention_with_kvcache``: the cache is
+transformers', already holding the step's keys, so what is left of the KV-cache call is its
+closing forward (``seqlens_k``, bottom-right alignment), which is ``frost.attention`` with those
+keywords (prefill, decoding and training through one call); and left padding, for which the
+KV-cache call has no argument (FlashAttention's ``cache_leftpad``), needs the key bias.
 
 Under ``torch.compile`` nothing is read on the host, so ``fullgraph=True`` traces a model whole
 and a step at the same shapes reuses its graph. The mask function (``frost_mask``) then gives
-what transformers gives its flash-attention path: None, or the 2-D padding mask; the attention
-function takes causality from the module, the window from the ``sliding_window`` keyword, sinks
-from ``s_aux``, and (``_traced_plan``):
+what transformers gives its flash-attention path where it can (no cache: None, or the 2-D
+padding mask) and sdpa's builder's 4-D mask otherwise; the attention function takes causality
+from the module, the window from the ``sliding_window`` keyword, sinks from ``s_aux``, and
+(``_traced_plan``):
 
 - a padding mask -> each row's valid tokens moved first, in order (a gather of q, k, v and back
   of the output: padding on either side, as transformers' flash path unpads it) and
   ``seqlens_k`` = the valid counts; padded query rows then see every valid key, as right-padded
   ones do under sdpa, and the loss ignores them;
+- a 4-D boolean mask (a cache: every decoding step; overlays such as image tokens'
+  bidirectional blocks; chunked attention; or the caller's own) -> the whole mask as a bias with
+  ``seqlens_k``, computed on the device (``_bias_plan``): exact whatever the mask holds, so
+  nothing needs reading; additive or per-head 4-D masks fall back;
 - ``cu_seq_lens_q/k`` and ``max_length_q/k`` (DataCollatorWithFlattening's keywords) -> THD
   with those (``max_length`` may be a symbolic size under dynamic shapes);
 - restarting ``position_ids`` in a batch of one row (the flattening collator's shape; in a wider
@@ -64,9 +92,8 @@ from ``s_aux``, and (``_traced_plan``):
   (a launch needs the number of sequences), so a compiled step is not captured in a CUDA graph
   on this route (pass ``cu_seq_lens_*`` and ``max_length_*`` for that);
 - whatever frost does not serve falls back, inside the graph, to sdpa with the boolean mask
-  transformers' sdpa builder would have made (built on the device from the keywords), and the
-  reason is counted while tracing. Masks only sdpa's builder can make (overlays such as image
-  tokens' bidirectional blocks, chunked attention, a cache) come as 4-D masks and fall back.
+  transformers' sdpa builder would have made (built on the device from the keywords, or the 4-D
+  mask as given), and the reason is counted while tracing.
 """
 from __future__ import annotations
 
@@ -101,6 +128,7 @@ class MaskPlan(NamedTuple):
     cu_seqlens_k: torch.Tensor | None = None  # packed: k's, where it differs from q's
     max_seqlen_k: int | None = None
     order: torch.Tensor | None = None  # dense, traced: each row's positions, valid tokens first [B, S]
+    bias: torch.Tensor | None = None  # dense: float32 [B|1, 1, Sq, Sk], -inf at the keys the mask hides
 
 
 # ---------------------------------------------------------------------------------------
@@ -124,7 +152,8 @@ def frost_mask(**arguments):
     that eager calls read and verify), except while torch.compile traces a call that starts at
     position 0 with as many queries as keys and a standard mask: then, as transformers' mask
     function for flash attention, the 2-D padding mask (or None), whose values are never read
-    on the host (``_traced_plan``)."""
+    on the host (``_traced_plan``; a traced call with a cache gets sdpa's 4-D mask, which the
+    attention function serves as a bias without reading it either)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     # looked up rather than imported by name: its name moved between versions
@@ -243,14 +272,15 @@ def frost_attention_forward(
     if traced:
         plan = _traced_plan(attention_mask, module, query, is_causal, kwargs)
     elif reason is None and attention_mask is not None:
-        plan = _plan_for(attention_mask, module, kwargs)
+        plan = _plan_for(attention_mask, module, query.shape[0], kwargs)
     bias = kwargs.get("position_bias")
     if isinstance(plan, str):
         reason, plan, traced = reason or plan, None, False  # the mask as given is sdpa's
     elif reason is None and bias is not None and plan is not None and (plan.packed or plan.order is not None):
         reason = "position_bias with packed sequences or reordered padding (its positions are the row's)"
     if reason is not None:
-        if traced:  # sdpa gets the mask that transformers' sdpa builder would have made
+        if traced and (attention_mask is None or attention_mask.dim() == 2):
+            # sdpa gets the mask that transformers' sdpa builder would have made (a 4-D one is that mask)
             attention_mask = _traced_mask(plan, attention_mask, query, key.shape[2])
         return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
 
@@ -259,6 +289,8 @@ def frost_attention_forward(
         sinks = sinks.float()
     if bias is not None and bias.stride(-1) != 1:  # T5's relative bias is a permuted embedding
         bias = bias.contiguous()
+    if plan is not None and plan.bias is not None:  # the keys the mask hides
+        bias = plan.bias if bias is None else bias + plan.bias
     # (under autocast frost.attention casts q, k, v to autocast's dtype, as sdpa's are)
     # frost's dense layout is BSHD: transformers' [B, H, S, D] transposed is that, with
     # other strides (frost takes any strides whose last is 1)
@@ -305,8 +337,12 @@ def _traced_plan(mask, module, query, is_causal, kwargs) -> MaskPlan | str | Non
     Nothing here reads a tensor's values, so the graph does not break; ``frost.attention``'s
     traced ops read back only what a launch needs (a packed call without ``max_length``)."""
     batch, seqlen = query.shape[0], query.shape[2]
+    if mask is not None and mask.dim() == 4:  # sdpa's builder made it (a cache), or the caller did
+        if mask.dtype != torch.bool or mask.shape[1] != 1:
+            return "an additive or per-head 4-D mask under torch.compile (its values cannot be read while tracing)"
+        return _bias_plan(mask, batch)
     if mask is not None and mask.dim() != 2:
-        return f"a {mask.dim()}-D attention mask under torch.compile (its values cannot be read while tracing)"
+        return f"a {mask.dim()}-D attention mask under torch.compile"
     causal = _sdpa_causal(module, query, is_causal)
     window = kwargs.get("sliding_window")
     window_left = window - 1 if window is not None and window > 0 else -1
@@ -391,15 +427,17 @@ _plans: dict[int, tuple] = {}  # id(mask) -> (weakref to mask, mask._version, hi
 _plans_lock = threading.Lock()
 
 
-def _plan_for(mask: torch.Tensor, module, kwargs) -> MaskPlan | str:
+def _plan_for(mask: torch.Tensor, module, batch: int, kwargs) -> MaskPlan | str:
     """The plan for this mask (a MaskPlan), or why there is none (a str); cached per mask
-    object and version, so the layers of one forward pass read the mask once."""
+    object and version, so the layers of one forward pass read the mask once. A mask of one
+    row broadcast over the ``batch`` sequences is read as ``batch`` rows (lengths per sequence)."""
     window_hint = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
-    hint_key = (window_hint, kwargs.get("position_ids") is not None, kwargs.get("cu_seq_lens_q") is not None)
+    hint_key = (window_hint, kwargs.get("position_ids") is not None, kwargs.get("cu_seq_lens_q") is not None, batch)
     entry = _plans.get(id(mask))
     if entry is not None and entry[0]() is mask and entry[1] == mask._version and entry[2] == hint_key:
         return entry[3]
-    plan = _read_mask(mask, window_hint, kwargs)
+    broadcast = mask.dim() == 4 and mask.shape[0] == 1
+    plan = _read_mask(mask.expand(batch, -1, -1, -1) if broadcast else mask, window_hint, kwargs)
     with _plans_lock:
         for ident in [ident for ident, (ref, *_) in _plans.items() if ref() is None]:
             del _plans[ident]  # masks of finished forward passes
@@ -424,41 +462,62 @@ def _read_mask(mask: torch.Tensor, window_hint, kwargs) -> MaskPlan | str:
     plan = _dense_plan(mask, window_lefts)
     if plan is None:
         plan = _packed_plan(mask, window_lefts, kwargs)
-    if plan is not None:
-        return plan
-    key_seen = mask.any(dim=1)
-    lengths = key_seen.sum(-1, keepdim=True)
-    positions = torch.arange(mask.shape[-1], device=mask.device)
-    if torch.equal(key_seen, positions >= mask.shape[-1] - lengths) and not bool(key_seen.all()):
-        return "left padding (frost reads right padding: seqlens)"
-    return "a mask that is not causal / sliding-window with right padding or packing"
+    return plan if plan is not None else _bias_plan(mask[:, None], mask.shape[0])
 
 
 def _dense_plan(mask: torch.Tensor, window_lefts: list[int]) -> MaskPlan | None:
-    """Right padding (the keys seen form a prefix per sequence) with causal, windowed or
-    full visibility: the keywords whose mask equals ``mask`` [B, Sq, Sk], or None."""
+    """Dense padding with causal, windowed or full visibility: the keywords whose mask equals
+    ``mask`` [B, Sq, Sk], or None. Each sequence's keys end after the last one any query sees
+    (``seqlens_k``, dropped when every sequence keeps all ``Sk``); keys before that end that no
+    query sees (left padding, in a cache too) are -inf in a key bias, so padding may lie on
+    either side without copying q, k or v."""
     batch, seqlen_q, seqlen_k = mask.shape
     key_seen = mask.any(dim=1)
-    lengths = key_seen.sum(-1)
+    extent = _extent(key_seen)
     positions = torch.arange(seqlen_k, device=mask.device)
-    if not torch.equal(key_seen, positions < lengths[:, None]):
-        return None
-    seqlens_k = None if bool((lengths == seqlen_k).all()) else lengths.to(torch.int32)
+    seqlens_k = None if bool((extent == seqlen_k).all()) else extent.to(torch.int32)
+    holes = bool((~key_seen & (positions < extent[:, None])).any())
+    # one bias row per sequence, read by every query (stride 0 over Sq)
+    bias = _masking_bias(key_seen)[:, None, None, :].expand(-1, 1, seqlen_q, -1) if holes else None
     candidates = [(True, align, left) for left in window_lefts for align in ("top_left", "bottom_right")]
     for causal, align, left in candidates + [(False, "top_left", -1)]:
-        if torch.equal(_dense_mask(lengths, seqlen_q, seqlen_k, causal, align, left), mask):
-            return MaskPlan(False, causal, align, left, seqlens_k, None, None)
+        if torch.equal(_dense_mask(key_seen, extent, seqlen_q, causal, align, left), mask):
+            return MaskPlan(False, causal, align, left, seqlens_k, None, None, bias=bias)
     return None
 
 
-def _dense_mask(lengths, seqlen_q, seqlen_k, causal, align, window_left) -> torch.Tensor:
-    """SEMANTICS.md's visibility for dense padding with seqlens_k only, as [B, Sq, Sk]."""
-    lengths = lengths[:, None, None]
-    delta = lengths - seqlen_q if align == "bottom_right" else torch.zeros_like(lengths)
-    cols = torch.arange(seqlen_k, device=lengths.device)
+def _dense_mask(key_seen, extent, seqlen_q, causal, align, window_left) -> torch.Tensor:
+    """SEMANTICS.md's visibility of the keys ``key_seen`` [B, Sk] (``seqlens_k = extent``, the
+    holes masked by the key bias) as [B, Sq, Sk]."""
+    extent = extent[:, None, None]
+    delta = extent - seqlen_q if align == "bottom_right" else torch.zeros_like(extent)
     # full shape: torch.equal compares shapes too
-    return (cols < lengths).expand(-1, seqlen_q, -1) & _visibility(seqlen_q, seqlen_k, causal, window_left, delta,
-                                                                    lengths.device)  # fmt: skip
+    return key_seen[:, None, :].expand(-1, seqlen_q, -1) & _visibility(seqlen_q, key_seen.shape[-1], causal,
+                                                                       window_left, delta, key_seen.device)  # fmt: skip
+
+
+def _extent(key_seen: torch.Tensor) -> torch.Tensor:
+    """[...]: one past the last key seen in each row of ``key_seen`` [..., Sk] (0: none)."""
+    positions = torch.arange(1, key_seen.shape[-1] + 1, device=key_seen.device)
+    return (key_seen * positions).amax(dim=-1)
+
+
+def _masking_bias(visible: torch.Tensor) -> torch.Tensor:
+    """``visible`` as frost's additive float32 bias: 0 where True, -inf where False (every engine
+    reads a -inf bias as a masked key, and a row masked everywhere as empty: o = 0, as sdpa's
+    boolean mask leaves it)."""
+    zeros = torch.zeros(visible.shape, dtype=torch.float32, device=visible.device)
+    return zeros.masked_fill(~visible, float("-inf"))
+
+
+def _bias_plan(mask: torch.Tensor, batch: int) -> MaskPlan:
+    """Any boolean mask [B|1, 1, Sq, Sk] as frost's additive bias (``_masking_bias``), with
+    ``seqlens_k`` ending each of the ``batch`` sequences' keys after the last one any query sees,
+    so that the keys past it (a static cache's unfilled rows) are not read. Exact for every mask,
+    so it needs no reading of values (a decoding step's mask under torch.compile); for one query
+    per sequence the bias is a row of Sk floats, a small fraction of the K and V the step reads."""
+    extent = _extent(mask.any(dim=2)[:, 0]).expand(batch)
+    return MaskPlan(False, False, "top_left", -1, extent.to(torch.int32), None, None, bias=_masking_bias(mask))
 
 
 def _packed_plan(mask: torch.Tensor, window_lefts: list[int], kwargs) -> MaskPlan | None:

@@ -72,13 +72,14 @@ def _run(model, ids, backward=True, **kwargs):
     return out.logits.detach().float(), grads
 
 
-def _ulp_bf16(magnitude: float) -> float:
-    return 2.0 ** (math.floor(math.log2(max(magnitude, 1e-30))) - 7)
+def _ulp(magnitude: float, dtype: torch.dtype) -> float:
+    return 2.0 ** math.floor(math.log2(max(magnitude, 1e-30))) * torch.finfo(dtype).eps
 
 
-def assert_like_sdpa(got, sdpa, ref, what):
-    """frost's error against the float32 reference is at most 2x sdpa's, plus a floor."""
-    floor = 2 * _ulp_bf16(ref.abs().max().item())
+def assert_like_sdpa(got, sdpa, ref, what, dtype=BF16):
+    """frost's error against the float32 reference is at most 2x sdpa's, plus a floor (two units in
+    the last place of ``dtype``, frost's, at the reference's magnitude)."""
+    floor = 2 * _ulp(ref.abs().max().item(), dtype)
     err, base = (got - ref).abs().max().item(), (sdpa - ref).abs().max().item()
     assert err <= 2 * base + floor, f"{what}: max error {err:.3g} vs sdpa's {base:.3g} (floor {floor:.3g})"
     err2, base2 = (got - ref).norm().item(), (sdpa - ref).norm().item()
@@ -141,6 +142,44 @@ def test_right_padding_logits_and_grads():
     expected, reference = _run(sdpa, ids, **kwargs), _run(ref, ids, **kwargs)
     # every row, padded ones included: with seqlens_k alone frost's padded query rows see
     # the valid keys as transformers' do (ignoring the padding would change those rows)
+    assert_like_sdpa(got[0], expected[0], reference[0], "logits")
+    assert_like_sdpa(got[1], expected[1], reference[1], "gradients")
+    assert not adapter.fallbacks()
+
+
+@pytest.mark.L0
+def test_left_padding_logits_and_grads():
+    """Left padding: the keys no query sees go to frost as -inf in a key bias (one row per
+    sequence, read by every query); the padded query rows see no key and are o = 0, as sdpa's."""
+    ref, sdpa, frost_model = _models(_config())
+    ids = torch.randint(0, VOCAB, (3, 20), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    mask[2, :16] = 0
+    kwargs = dict(attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    mark = ledger.mark()
+    got = _run(frost_model, ids, **kwargs)
+    problems = _frost_forwards(mark)
+    assert len(problems) == 2 and all(p.bias is not None and p.causal and not p.has_seqlens for p in problems)
+    expected, reference = _run(sdpa, ids, **kwargs), _run(ref, ids, **kwargs)
+    assert_like_sdpa(got[0], expected[0], reference[0], "logits")
+    assert_like_sdpa(got[1], expected[1], reference[1], "gradients")
+    assert not adapter.fallbacks()
+
+
+@pytest.mark.L0
+def test_custom_4d_mask_as_a_bias():
+    """A mask frost reads no structure in (a hole in a causal mask) is served whole as a bias;
+    one mask row broadcast over the batch, as sdpa takes it."""
+    ref, sdpa, frost_model = _models(_config())
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones(1, 1, 12, 12, dtype=torch.bool).tril()
+    mask[0, 0, 7, 3] = False  # a hole: causal, but no padding or packing says it
+    mark = ledger.mark()
+    got = _run(frost_model, ids, attention_mask=mask)
+    problems = _frost_forwards(mark)
+    assert len(problems) == 2 and all(p.bias is not None and not p.causal for p in problems)
+    expected, reference = _run(sdpa, ids, attention_mask=mask), _run(ref, ids, attention_mask=mask)
     assert_like_sdpa(got[0], expected[0], reference[0], "logits")
     assert_like_sdpa(got[1], expected[1], reference[1], "gradients")
     assert not adapter.fallbacks()
@@ -263,25 +302,6 @@ def test_fallback_output_attentions(caplog):
 
 
 @pytest.mark.L0
-def test_fallback_custom_4d_mask(caplog):
-    _, sdpa, frost_model = _models(_config())
-    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(7))
-    mask = torch.ones(12, 12, dtype=torch.bool).tril().expand(2, 1, 12, 12).clone()
-    mask[0, 0, 7, 3] = False  # a hole: causal, but no padding or packing says it
-    _assert_falls_back(caplog, "not causal", frost_model, sdpa, ids, attention_mask=mask)
-
-
-@pytest.mark.L0
-def test_fallback_left_padding(caplog):
-    _, sdpa, frost_model = _models(_config())
-    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(8))
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
-    _assert_falls_back(caplog, "left padding", frost_model, sdpa, ids, attention_mask=mask,
-                       labels=ids.masked_fill(mask == 0, -100))  # fmt: skip
-
-
-@pytest.mark.L0
 def test_fallback_dropout_in_training(caplog):
     _, sdpa, frost_model = _models(_config(attention_dropout=0.3))
     sdpa.train(), frost_model.train()
@@ -347,7 +367,17 @@ def _mask_cases():
         "packed": (_sdpa_mask(1, 10, 10, packed), dict(position_ids=packed_positions),
                    dict(packed=True, cu_seqlens=[0, 3, 7, 10], max_seqlen=4)),
         "packed-no-hint": (_sdpa_mask(1, 10, 10, packed), {}, dict(packed=True, cu_seqlens=[0, 3, 7, 10])),
-        "left-padding": (_sdpa_mask(2, 8, 8, causal, padding=_padding((8, 5), 8, left=True)), {}, "left padding"),
+        "left-padding": (_sdpa_mask(2, 8, 8, causal, padding=_padding((8, 5), 8, left=True)), {},
+                         dict(causal=True, causal_align="top_left", seqlens_k=None, bias=True)),
+        "cache-left-padding": (_sdpa_mask(2, 1, 10, causal, q_offset=9, padding=_padding((10, 6), 10, left=True)),
+                               {}, dict(causal=True, causal_align="bottom_right", seqlens_k=None, bias=True)),
+        # a static cache's prefill: the keys past the prompts are unfilled rows
+        "static-cache-left-padding": (_sdpa_mask(2, 6, 10, causal, padding=_padding((6, 4), 6, left=True)), {},
+                                      dict(causal=True, causal_align="top_left", seqlens_k=[6, 6], bias=True)),
+        "static-cache-decoding": (_sdpa_mask(2, 1, 10, causal, q_offset=6, padding=_padding((7, 7), 7)), {},
+                                  dict(causal=True, causal_align="bottom_right", seqlens_k=[7, 7], bias=False)),
+        "hole": (_sdpa_mask(2, 8, 8, mu.and_masks(causal, lambda b, h, q, kv: (q != 5) | (kv != 2))), {},
+                 dict(causal=False, seqlens_k=[8, 8], bias=True)),
         "bidirectional-padded": (_sdpa_mask(2, 6, 6, mu.bidirectional_mask_function, padding=_padding((6, 4), 6)),
                                  dict(is_causal=False), dict(causal=False, seqlens_k=[6, 4])),
     }  # fmt: skip
@@ -376,6 +406,8 @@ def test_reads_transformers_masks(name):
     assert isinstance(plan, adapter.MaskPlan), plan
     for field, value in expected.items():
         got = getattr(plan, field)
+        if field == "bias":  # whether the plan masks keys through a bias
+            got = got is not None
         assert (got.tolist() if isinstance(got, torch.Tensor) else got) == value, (field, got)
     # and the served call gives sdpa's output (the rule of the module docstring)
     batch, _, q_len, kv_len = mask.shape
@@ -451,15 +483,15 @@ def test_sinks_as_gpt_oss_eager_computes_them():
 def test_sinks_fall_back_to_the_models_eager_function(caplog):
     gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
     module = _SinkModule().eval()
-    mask = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()
-    mask[0, 0, 4, 1] = False  # a hole frost cannot express
+    causal = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()
+    additive = torch.zeros(causal.shape, dtype=BF16).masked_fill(~causal, torch.finfo(BF16).min)
+    additive[0, 0, 4, 1] = -1.5  # a bias, not a mask: the adapter leaves it to the model
     q, k, v = _qkv(1, 6, 6, seed=13, dtype=BF16)
     with _posing_as(gpt_oss), caplog.at_level(logging.WARNING, logger=LOGGER):
-        got = adapter.frost_attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=module.sinks)[0]
-    additive = torch.zeros(mask.shape, dtype=BF16).masked_fill(~mask, torch.finfo(BF16).min)
+        got = adapter.frost_attention_forward(module, q, k, v, additive, scaling=0.25, s_aux=module.sinks)[0]
     expected = gpt_oss.eager_attention_forward(module, q, k, v, additive, scaling=0.25)[0]
     assert torch.equal(got, expected)
-    assert "not causal" in next(iter(adapter.fallbacks()))
+    assert "values other than 0 and -inf" in next(iter(adapter.fallbacks()))
 
 
 @pytest.mark.L0
