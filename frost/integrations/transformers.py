@@ -333,7 +333,8 @@ def _traced_plan(mask, module, query, is_causal, kwargs) -> MaskPlan | str | Non
     path reads them (``frost_mask`` gave a 2-D padding mask or None): causality from the
     module, the window from the ``sliding_window`` keyword, packing from ``cu_seq_lens_q/k`` (+
     ``max_length_q/k``) or, in a batch of one row, from restarting ``position_ids``; a padding
-    mask keeps each row's valid tokens first, in order. None: plain sdpa-style causal.
+    mask keeps each row's valid tokens first, in order; a 4-D mask (sdpa's builder's, where a
+    cache or an overlay needs one) is served whole as a bias. None: plain sdpa-style causal.
     Nothing here reads a tensor's values, so the graph does not break; ``frost.attention``'s
     traced ops read back only what a launch needs (a packed call without ``max_length``)."""
     batch, seqlen = query.shape[0], query.shape[2]
