@@ -85,9 +85,14 @@ class _Follow(transformers.LogitsProcessor):
 
 
 def _prompt(padded: bool, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention_mask) of three prompts, left-padded (token 0 is the pad) or all full."""
+    """(ids, attention_mask) of three prompts, left-padded (token 0 is the pad) or all full.
+
+    Their seed gives every case clear greedy choices: the reference's smallest top-two margin over
+    all steps is 8.7 times the largest logit difference between the two implementations (float16,
+    CPU, every model, cache and padding here). Of 12 seeds tried, 7 had a near-tie below 2 times
+    (two an exact tie), where the greedy token is decided by rounding rather than by attention."""
     longest = max(PROMPT_LENGTHS)
-    ids = torch.randint(1, VOCAB, (len(PROMPT_LENGTHS), longest), generator=torch.Generator().manual_seed(60))
+    ids = torch.randint(1, VOCAB, (len(PROMPT_LENGTHS), longest), generator=torch.Generator().manual_seed(70))
     mask = torch.ones_like(ids)
     if padded:
         for row, length in enumerate(PROMPT_LENGTHS):
