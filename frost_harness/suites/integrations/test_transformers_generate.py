@@ -4,11 +4,12 @@ Tiny random-init decoders (Llama with GQA, Qwen2 with sliding-window layers, Mis
 window, Gemma with MQA, gpt-oss with sinks and sliding layers) generate greedily from a batch of
 prompts, left-padded to one length or not, with transformers' dynamic cache (its default) and its
 static cache (``cache_implementation="static"``), eagerly and with the decoding step compiled as
-transformers compiles it (``compile_config``). Each case asserts:
+transformers compiles it (``compile_config``; also ``model.forward`` compiled by the caller, with
+the dynamic cache). Each case asserts:
 
 - the routing ledger holds one frost forward per attention layer and step (prefill and every
-  decoding step) and nothing fell back (``fallbacks()`` empty); left padding reached frost as a
-  key bias;
+  decoding step) and nothing fell back (``fallbacks()`` empty); left padding reached frost as
+  -inf in a bias;
 - on the CPU, frost's greedy tokens are the reference implementation's (sdpa, or eager for
   gpt-oss's sinks): the reference generates along frost's tokens (``_Follow``) and its greedy
   choice at every step is frost's;
