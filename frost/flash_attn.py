@@ -34,19 +34,18 @@ FA2's arguments in frost's contract (SEMANTICS.md):
 ``cache_seqlens`` (an int or int32 ``[B]``; None: every sequence fills the cache, and nothing
 may be appended), ``block_table`` (pages of a multiple of 64 rows; FA2 asks for 256) and
 ``cache_batch_idx`` as FA2 takes them. ``rotary_cos`` / ``rotary_sin`` ``[S, rotary_dim / 2]`` in
-any float dtype are frost's ``rope`` tables (cast to float32), for the rotation of the two
-halves of the head dim: ``rotary_interleaved=False``, and ``rotary_dim`` the whole head dim;
-interleaved pairs, a partial rotary dim, and the one query position FA2 gives every row of q
-without causal or a window (frost rotates row i at ``cache_seqlens + i``) raise a ValueError.
-``cache_leftpad`` must be None; ``num_splits`` is a hint for kernels that split the keys, taken
-and ignored.
+any float dtype are the rotation's tables (cast to float32) as FA2 applies them: the first
+``rotary_dim`` dims rotated, pairs ``(2i, 2i + 1)`` with ``rotary_interleaved`` (FA2's default),
+else ``(i, i + rotary_dim / 2)``; k's rows at ``cache_seqlens + i``, q's too with causal or a
+window, else every row of q at ``cache_seqlens``. ``cache_leftpad`` must be None; ``num_splits``
+is a hint for kernels that split the keys, taken and ignored.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from frost.kvcache import attention_with_kvcache
+from frost import kvcache
 from frost.ops import attention
 
 
@@ -99,20 +98,19 @@ def flash_attn_with_kvcache(
     if cache_leftpad is not None:
         raise ValueError("cache_leftpad: frost's caches start at row 0; expected None")
     left, right = _window(causal, window_size)
-    rope = _rotary_tables(q, k, rotary_cos, rotary_sin, rotary_interleaved, causal is True or (left, right) != (-1, -1))
+    rotary = _rotary(q, k, rotary_cos, rotary_sin, rotary_interleaved, causal is True or (left, right) != (-1, -1))
     if cache_seqlens is None:
         if k is not None:
             raise ValueError("cache_seqlens: required when k and v are appended (the rows they go to)")
         cache_seqlens = _full_cache(k_cache, block_table)
-    return attention_with_kvcache(
-        q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v, block_table=block_table,
-        cache_batch_idx=cache_batch_idx, rope=rope, causal=causal, window=(left, right), scale=softmax_scale,
-        return_lse=return_softmax_lse,
-    )  # fmt: skip
+    options = kvcache.attention_options(softmax_scale, causal, (left, right))
+    return kvcache.step(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, rotary, options,
+                        None, None, return_softmax_lse)  # fmt: skip
 
 
-def _rotary_tables(q, k, rotary_cos, rotary_sin, interleaved, masked) -> tuple[Tensor, Tensor] | None:
-    """FA2's rotary tables as frost's ``rope``, or a ValueError for what frost's RoPE cannot do."""
+def _rotary(q, k, rotary_cos, rotary_sin, interleaved, masked) -> kvcache.Rotary | None:
+    """FA2's rotary arguments as the KV-cache call's rotation: its tables (``[S, rotary_dim / 2]``,
+    any float dtype) in float32; without causal or a window every query row at ``cache_seqlens``."""
     if rotary_cos is None and rotary_sin is None:
         return None
     if rotary_cos is None or rotary_sin is None:
@@ -120,21 +118,14 @@ def _rotary_tables(q, k, rotary_cos, rotary_sin, interleaved, masked) -> tuple[T
                          "come together")  # fmt: skip
     if k is None:
         raise ValueError("rotary_cos: rotates the appended k (and q at its positions); it needs k and v, as in FA2")
-    if interleaved:
-        raise ValueError("rotary_interleaved: frost's RoPE rotates the two halves of the head dim (GPT-NeoX "
-                         "style); pass rotary_interleaved=False with such tables (interleaved pairs are not "
-                         "supported)")  # fmt: skip
+    if not isinstance(interleaved, bool):
+        raise ValueError(f"rotary_interleaved: expected a bool, got {interleaved!r}")
     for name, table in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         if not isinstance(table, Tensor) or not table.is_floating_point() or table.dim() != 2:
             raise ValueError(f"{name}: expected a float tensor [S, rotary_dim / 2]")
-        if isinstance(q, Tensor) and 2 * table.shape[1] != q.shape[-1]:
-            raise ValueError(f"{name}: rotary_dim {2 * table.shape[1]} is not the head dim {q.shape[-1]} (frost "
-                             "rotates the whole head dim; a partial rotary dim is not supported)")  # fmt: skip
-    if not masked and isinstance(q, Tensor) and q.dim() == 4 and q.shape[1] > 1:
-        raise ValueError("rotary_cos: without causal or a window FA2 rotates every query row at position "
-                         "cache_seqlens, frost rotates row i at cache_seqlens + i; pass causal=True or one "
-                         "query row")  # fmt: skip
-    return rotary_cos.float(), rotary_sin.float()
+        if isinstance(q, Tensor) and 2 * table.shape[1] > q.shape[-1]:
+            raise ValueError(f"{name}: rotary_dim {2 * table.shape[1]} exceeds the head dim {q.shape[-1]}")
+    return kvcache.Rotary(rotary_cos.float(), rotary_sin.float(), interleaved, q_at_first_position=not masked)
 
 
 def _full_cache(k_cache, block_table) -> int | None:

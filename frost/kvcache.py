@@ -58,12 +58,27 @@ class CacheLayout:
     new_rows: int  # S_new: rows of k and v appended (0 without)
 
 
+@dataclass(frozen=True, slots=True)
+class Rotary:
+    """How the call rotates: frost's float32 tables ``cos`` / ``sin`` ``[max_pos, R/2]`` rotate the
+    first R dims of the head dim (R <= D; the rest pass through), pairing dims ``(i, i + R/2)``
+    (frost's ``rot``) or, ``interleaved``, ``(2i, 2i + 1)``; q's rows sit at ``cache_seqlens + i``
+    (the newest tokens), or all at ``cache_seqlens`` with ``q_at_first_position`` (FlashAttention-2's
+    rule for a call without causal or a window)."""
+
+    cos: Tensor
+    sin: Tensor
+    interleaved: bool = False
+    q_at_first_position: bool = False
+
+
 def attention_with_kvcache(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, *, cache_seqlens: Tensor | int,
     k: Tensor | None = None, v: Tensor | None = None, block_table: Tensor | None = None,
-    cache_batch_idx: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None, causal: bool = False,
-    window: tuple[int, int] = (-1, -1), sinks: Tensor | None = None, scale: float | None = None,
-    out: tuple[Tensor, Tensor] | None = None, return_lse: bool = False,
+    cache_batch_idx: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
+    rope_interleaved: bool = False, causal: bool = False, window: tuple[int, int] = (-1, -1),
+    sinks: Tensor | None = None, scale: float | None = None, out: tuple[Tensor, Tensor] | None = None,
+    return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
     """Append k and v to the cache in place, then attend q over each sequence's cached keys:
     ``o``, or ``(o, lse)`` with ``return_lse``. Forward only (not differentiable).
@@ -73,15 +88,32 @@ def attention_with_kvcache(
     a multiple of 64); ``cache_seqlens``: int32 ``[B]``, or an int for every sequence, the rows
     each sequence holds before the append; ``k`` / ``v`` ``[B, S_new, Hkv, D]``, both or neither;
     ``cache_batch_idx`` (contiguous cache only): int32 ``[B]``, the cache sequence of each row of q
-    (default: row b's). ``rope=(cos, sin)`` (float32 ``[>= capacity + max(0, Sq - S_new), D/2]``,
-    frost's convention) rotates the appended k and q at their positions and needs k and v.
+    (default: row b's). ``rope=(cos, sin)`` (float32 ``[>= capacity + max(0, Sq - S_new), R/2]``,
+    frost's convention over the first R <= D dims; ``rope_interleaved`` pairs dims 2i and 2i + 1
+    instead of i and i + R/2) rotates the appended k and q at their positions and needs k and v.
     ``causal`` / ``window`` are aligned to the bottom right over ``cache_seqlens + S_new`` keys;
     ``sinks``, ``scale`` and ``out=(o, lse)`` as in ``frost.sdpa_forward``.
     """
+    cos, sin = split_rope(rope)
+    rotary = None if cos is None and sin is None else Rotary(cos, sin, rope_interleaved)
+    return step(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, rotary,
+                attention_options(scale, causal, window), sinks, out, return_lse)  # fmt: skip
+
+
+def attention_options(scale, causal, window) -> Options:
+    """The closing forward's keywords: aligned to the bottom right; the lengths are checked by the
+    call itself where they may be read, so the forward does not read them again."""
+    return Options(scale, causal, "bottom_right", split_window(window), check_lengths=False)
+
+
+def step(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens, k, v, block_table, cache_batch_idx,
+         rotary: Rotary | None, options: Options, sinks, out,
+         return_lse: bool) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
+    """``attention_with_kvcache`` with its rotation as a ``Rotary`` and its attention keywords as
+    ``Options`` (``frost.flash_attn_with_kvcache`` calls this with FlashAttention-2's rotation)."""
     layout = _check_layout(q, k_cache, v_cache, k, v, block_table, cache_batch_idx)
     lengths = _check_lengths(cache_seqlens, layout, q)
-    rope_cos, rope_sin = _check_rope(rope, layout, q, k)
-    options = Options(scale, causal, "bottom_right", split_window(window), check_lengths=False)
+    _check_rotary(rotary, layout, q, k)
     out = _check_attention(q, k_cache, v_cache, layout, sinks, options, out)
     if _reads_values(q):
         if isinstance(cache_seqlens, Tensor):
@@ -91,11 +123,11 @@ def attention_with_kvcache(
     with torch.no_grad():
         if k is not None:
             positions = _positions(lengths, layout.new_rows)
-            if rope_cos is not None:
-                k = _rotate(k, rope_cos, rope_sin, positions)
+            if rotary is not None:
+                k = _rotate(k, rotary, positions)
             _append(layout, k_cache, v_cache, positions, k, v)
-        if rope_cos is not None:
-            q = _rotate(q, rope_cos, rope_sin, _positions(lengths, q.shape[1]))
+        if rotary is not None:
+            q = _rotate(q, rotary, _positions(lengths, 1 if rotary.q_at_first_position else q.shape[1]))
         seqlens_k = lengths + layout.new_rows
         o, lse = _attend(q, gather(k_cache, layout), gather(v_cache, layout), seqlens_k, sinks, options, out)
     return (o, lse) if return_lse else o
@@ -215,20 +247,26 @@ def _length_message(layout: CacheLayout, low: int, high: int) -> str:
             f"{layout.capacity} rows and {layout.new_rows} are appended), got min {low}, max {high}")  # fmt: skip
 
 
-def _check_rope(rope, layout: CacheLayout, q: Tensor, k) -> tuple[Tensor | None, Tensor | None]:
-    """``rope=(cos, sin)``: frost's float32 ``[max_pos, D/2]`` tables, covering every position the
-    call may rotate (k's last at ``capacity - 1``, q's at ``capacity - S_new + Sq - 1``)."""
-    cos, sin = split_rope(rope)
-    if cos is None and sin is None:
-        return None, None
+def _check_rotary(rotary: Rotary | None, layout: CacheLayout, q: Tensor, k) -> None:
+    """The rotation's tables: frost's float32 ``[max_pos, R/2]`` with R even and at most the head
+    dim, covering every position the call may rotate (k's last at ``capacity - 1``, q's at
+    ``capacity - S_new + Sq - 1``)."""
+    if rotary is None:
+        return
     if k is None:
         raise ValueError("rope: rotates the appended k and q at their positions; it needs k and v")
-    for table in (cos, sin):
+    if not isinstance(rotary.interleaved, bool):
+        raise ValueError(f"rope_interleaved: expected a bool, got {rotary.interleaved!r}")
+    for table in (rotary.cos, rotary.sin):
         if table is not None:
             _check_tensor("rope", table, q.device, 2)
+    rotated = 2 * (rotary.cos if rotary.cos is not None else rotary.sin).shape[1]
+    if not 0 < rotated <= q.shape[-1]:
+        raise ValueError(f"rope: tables of {rotated // 2} columns rotate {rotated} dims; expected 1 to "
+                         f"{q.shape[-1] // 2} columns (at most the head dim {q.shape[-1]})")  # fmt: skip
     needed = layout.capacity + max(0, q.shape[1] - layout.new_rows)
-    validation.check_rope(Tensors(q, q, q, rope_cos=cos, rope_sin=sin), needed)
-    return cos, sin
+    # checked as frost's rope over the R dims it rotates
+    validation.check_rope(Tensors(q[..., :rotated], q, q, rope_cos=rotary.cos, rope_sin=rotary.sin), needed)
 
 
 def _check_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, layout: CacheLayout, sinks, options: Options,
@@ -275,12 +313,20 @@ def _positions(lengths: Tensor, rows: int) -> Tensor:
     return lengths.long()[:, None] + torch.arange(rows, device=lengths.device)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> Tensor:
-    """``rot(x, p)`` of SEMANTICS.md for x ``[B, S, H, D]``, row i of sequence b at
-    ``positions[b, i]``: in float32, rounded to x's dtype (the cache holds the io dtype)."""
-    c, s = cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+def _rotate(x: Tensor, rotary: Rotary, positions: Tensor) -> Tensor:
+    """``x`` ``[B, S, H, D]`` with row i of sequence b rotated at ``positions[b, i]`` (``[B, S]``, or
+    ``[B, 1]`` for every row): the first R dims by ``rotary``'s pairs (SEMANTICS.md's ``rot`` for
+    the halves), in float32, rounded to x's dtype (the cache holds the io dtype)."""
+    rotated = 2 * rotary.cos.shape[1]
+    c, s = rotary.cos[positions].unsqueeze(2), rotary.sin[positions].unsqueeze(2)
+    part = x[..., :rotated].float()
+    if rotary.interleaved:
+        x1, x2 = part[..., 0::2], part[..., 1::2]
+        turned = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    else:
+        x1, x2 = part.chunk(2, dim=-1)
+        turned = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return torch.cat((turned.to(x.dtype), x[..., rotated:]), dim=-1)
 
 
 def _append(layout: CacheLayout, k_cache: Tensor, v_cache: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:

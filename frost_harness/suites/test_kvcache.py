@@ -497,12 +497,91 @@ def test_flash_attn_with_kvcache_reads_fa2s_window_lengths_and_outputs():
     assert bits_equal(got, want)
 
 
+def _fa2_rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                 interleaved: bool) -> torch.Tensor:
+    """x ``[S, H, D]`` of one sequence rotated as FlashAttention-2 documents it, row i at
+    ``positions[i]``: the first ``2 * cos.shape[1]`` dims, pairs ``(2j, 2j + 1)`` when interleaved,
+    else ``(j, j + R/2)``; built from the oracle's rotation of the halves on the pairs laid out as
+    halves, in float32, rounded to x's dtype."""
+    rotated = 2 * cos.shape[1]
+    order = (torch.cat((torch.arange(0, rotated, 2), torch.arange(1, rotated, 2))) if interleaved
+             else torch.arange(rotated)).to(x.device)  # fmt: skip
+    part = x[..., :rotated].float()
+    turned = torch.empty_like(part)
+    turned[..., order] = rotate(part[..., order], cos[positions], sin[positions])
+    return torch.cat((turned.to(x.dtype), x[..., rotated:]), dim=-1)
+
+
+# name -> (the step, drawn without frost's RoPE; the rotary dim; interleaved)
+FA2_ROTARY = {
+    "interleaved-decode-gqa": (Step(heads_q=8, heads_kv=2), 32, True),
+    "interleaved-partial-speculative": (Step(seqlen_q=3, new_rows=3), 16, True),
+    "halves-partial-window": (Step(cached=(20, 0, 3), seqlen_q=4, new_rows=4, window=(6, 0)), 16, False),
+    "halves-one-position-non-causal": (Step(seqlen_q=3, new_rows=2, causal=False), 32, False),
+    "interleaved-one-position-non-causal": (Step(seqlen_q=2, new_rows=2, causal=False, heads_kv=1), 8, True),
+}
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("name", FA2_ROTARY)
+def test_flash_attn_with_kvcache_rotates_as_fa2(name, paged, device):
+    """FA2's rotary arguments: k's rows at ``cache_seqlens + i``; q's there with causal or a window,
+    else all at ``cache_seqlens``; interleaved or halves pairs; a partial rotary dim. The caches bit
+    for bit as built here, the output against the oracle on the keys and queries built here."""
+    step, rotary_dim, interleaved = FA2_ROTARY[name]
+    step = dataclasses.replace(step, paged=paged)
+    drawn = draw(step, device)
+    args = drawn.arguments
+    gen = torch.Generator().manual_seed(7)
+    cos, sin = (_randn(gen, step.capacity + step.seqlen_q, rotary_dim // 2, dtype=BF16, device=device)
+                for _ in range(2))  # fmt: skip
+    table32 = (cos.float(), sin.float())
+    keys, queries = drawn.keys, drawn.queries
+    masked = step.causal or step.window != (-1, -1)
+    for b, held in enumerate(step.cached):
+        new = torch.arange(held, held + step.new_rows, device=device)
+        keys[b, held : held + step.new_rows] = _fa2_rotated(args["k"][b], *table32, new, interleaved)
+        rows = torch.arange(held, held + step.seqlen_q, device=device) if masked else torch.full_like(new[:1], held)
+        queries[b] = _fa2_rotated(args["q"][b], *table32, rows.expand(step.seqlen_q), interleaved)
+    want_caches = (keys, drawn.values)
+    if paged:
+        table = args["block_table"]
+        want_caches = tuple(_paged(c, table, args["k_cache"].shape[0]) for c in want_caches)
+    got = _fa2(drawn, step, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+    for name_, cache, want in zip(("k_cache", "v_cache"), (args["k_cache"], args["v_cache"]), want_caches):
+        assert bits_equal(cache, want), f"{name_}: not FA2's rotated rows in place"
+    kw = _oracle_keywords(step, drawn)
+    truth = reference.forward(queries, keys, drawn.values, **kw)
+    base = baseline.forward(queries, keys, drawn.values, **kw)
+    verdicts = tolerance.check_forward(got, truth, base, io_dtype=step.dtype)
+    assert all(v.passed for v in verdicts.values()), tolerance.summary(verdicts)
+
+
+@pytest.mark.L0
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_attention_with_kvcache_takes_fa2s_rotations(interleaved):
+    """``rope`` over the first R dims (tables of R/2 columns) and ``rope_interleaved``: the causal
+    FA2 call with the same tables, bit for bit, caches included."""
+    step = Step(seqlen_q=2, new_rows=2, paged=True)
+    ours, theirs = draw(step, "cpu"), draw(step, "cpu")
+    gen = torch.Generator().manual_seed(3)
+    cos, sin = (_randn(gen, step.capacity + 2, 8, dtype=torch.float32, device="cpu") for _ in range(2))
+    got = frost.attention_with_kvcache(**ours.arguments, **step.keywords, rope=(cos, sin), rope_interleaved=interleaved,
+                                       return_lse=True)  # fmt: skip
+    want = _fa2(theirs, step, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+    assert bits_equal(got[0], want[0]) and bits_equal(got[1], want[1])
+    for cache in ("k_cache", "v_cache"):
+        assert bits_equal(ours.arguments[cache], theirs.arguments[cache])
+
+
 FA2_REFUSED = {
-    "rotary_interleaved": dict(rotary_interleaved=True),
-    "rotary_cos-partial": dict(rotary_cos=torch.zeros(200, 8, dtype=BF16), rotary_sin=torch.zeros(200, 8, dtype=BF16)),
     "rotary_sin-missing": dict(rotary_sin=None),
     "rotary_cos-without-k": dict(k=None, v=None),
-    "rotary_cos-one-position-for-every-row": dict(causal=False),
+    "rotary_interleaved-not-a-bool": dict(rotary_interleaved="yes"),
+    "rotary_cos-wider-than-the-head-dim": dict(rotary_cos=torch.zeros(200, 24, dtype=BF16),
+                                               rotary_sin=torch.zeros(200, 24, dtype=BF16)),
     "cache_seqlens-none-with-k": dict(cache_seqlens=None),
     "cache_leftpad": dict(cache_leftpad=torch.zeros(3, dtype=torch.int32)),
     "alibi_slopes": dict(alibi_slopes=torch.zeros(4)),
