@@ -37,8 +37,9 @@ may be appended), ``block_table`` (pages of a multiple of 64 rows; FA2 asks for 
 any float dtype are the rotation's tables (cast to float32) as FA2 applies them: the first
 ``rotary_dim`` dims rotated, pairs ``(2i, 2i + 1)`` with ``rotary_interleaved`` (FA2's default),
 else ``(i, i + rotary_dim / 2)``; k's rows at ``cache_seqlens + i``, q's too with causal or a
-window, else every row of q at ``cache_seqlens``. ``cache_leftpad`` must be None; ``num_splits``
-is a hint for kernels that split the keys, taken and ignored.
+window, else every row of q at ``cache_seqlens``. ``cache_leftpad`` masks each sequence's rows
+before it (positions, as in FA2, stay the rows' own). ``num_splits`` is a hint for kernels that
+split the keys, taken and ignored.
 """
 from __future__ import annotations
 
@@ -95,8 +96,6 @@ def flash_attn_with_kvcache(
     returns out ``[B, Sq, Hq, Dv]``, or ``(out, softmax_lse)`` with ``return_softmax_lse``. Forward
     only. ``num_splits`` is accepted and ignored."""
     _refuse_absent_features(0.0, softcap, alibi_slopes, None)
-    if cache_leftpad is not None:
-        raise ValueError("cache_leftpad: frost's caches start at row 0; expected None")
     left, right = _window(causal, window_size)
     rotary = _rotary(q, k, rotary_cos, rotary_sin, rotary_interleaved, causal is True or (left, right) != (-1, -1))
     if cache_seqlens is None:
@@ -104,8 +103,8 @@ def flash_attn_with_kvcache(
             raise ValueError("cache_seqlens: required when k and v are appended (the rows they go to)")
         cache_seqlens = _full_cache(k_cache, block_table)
     options = kvcache.attention_options(softmax_scale, causal, (left, right))
-    return kvcache.step(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, rotary, options,
-                        None, None, return_softmax_lse)  # fmt: skip
+    return kvcache.step(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad, rotary,
+                        options, None, None, return_softmax_lse)  # fmt: skip
 
 
 def _rotary(q, k, rotary_cos, rotary_sin, interleaved, masked) -> kvcache.Rotary | None:

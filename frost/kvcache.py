@@ -75,8 +75,8 @@ class Rotary:
 def attention_with_kvcache(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, *, cache_seqlens: Tensor | int,
     k: Tensor | None = None, v: Tensor | None = None, block_table: Tensor | None = None,
-    cache_batch_idx: Tensor | None = None, rope: tuple[Tensor, Tensor] | None = None,
-    rope_interleaved: bool = False, causal: bool = False, window: tuple[int, int] = (-1, -1),
+    cache_batch_idx: Tensor | None = None, cache_leftpad: Tensor | None = None,
+    rope: tuple[Tensor, Tensor] | None = None, rope_interleaved: bool = False, causal: bool = False, window: tuple[int, int] = (-1, -1),
     sinks: Tensor | None = None, scale: float | None = None, out: tuple[Tensor, Tensor] | None = None,
     return_lse: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
@@ -88,7 +88,8 @@ def attention_with_kvcache(
     a multiple of 64); ``cache_seqlens``: int32 ``[B]``, or an int for every sequence, the rows
     each sequence holds before the append; ``k`` / ``v`` ``[B, S_new, Hkv, D]``, both or neither;
     ``cache_batch_idx`` (contiguous cache only): int32 ``[B]``, the cache sequence of each row of q
-    (default: row b's). ``rope=(cos, sin)`` (float32 ``[>= capacity + max(0, Sq - S_new), R/2]``,
+    (default: row b's); ``cache_leftpad``: int32 ``[B]``, the first row each sequence attends (the
+    rows before it are masked; positions stay the rows' own). ``rope=(cos, sin)`` (float32 ``[>= capacity + max(0, Sq - S_new), R/2]``,
     frost's convention over the first R <= D dims; ``rope_interleaved`` pairs dims 2i and 2i + 1
     instead of i and i + R/2) rotates the appended k and q at their positions and needs k and v.
     ``causal`` / ``window`` are aligned to the bottom right over ``cache_seqlens + S_new`` keys;
@@ -96,7 +97,7 @@ def attention_with_kvcache(
     """
     cos, sin = split_rope(rope)
     rotary = None if cos is None and sin is None else Rotary(cos, sin, rope_interleaved)
-    return step(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, rotary,
+    return step(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_batch_idx, cache_leftpad, rotary,
                 attention_options(scale, causal, window), sinks, out, return_lse)  # fmt: skip
 
 
@@ -107,19 +108,24 @@ def attention_options(scale, causal, window) -> Options:
 
 
 def step(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens, k, v, block_table, cache_batch_idx,
-         rotary: Rotary | None, options: Options, sinks, out,
+         cache_leftpad, rotary: Rotary | None, options: Options, sinks, out,
          return_lse: bool) -> Tensor | tuple[Tensor, Tensor]:  # fmt: skip
     """``attention_with_kvcache`` with its rotation as a ``Rotary`` and its attention keywords as
     ``Options`` (``frost.flash_attn_with_kvcache`` calls this with FlashAttention-2's rotation)."""
     layout = _check_layout(q, k_cache, v_cache, k, v, block_table, cache_batch_idx)
     lengths = _check_lengths(cache_seqlens, layout, q)
     _check_rotary(rotary, layout, q, k)
+    if cache_leftpad is not None:
+        _check_table("cache_leftpad", cache_leftpad, q, 1)
     out = _check_attention(q, k_cache, v_cache, layout, sinks, options, out)
     if _reads_values(q):
         if isinstance(cache_seqlens, Tensor):
             _check_length_values(lengths, layout)
         if layout.table is not None:
             _check_table_values(lengths, layout)
+        if cache_leftpad is not None and bool(((cache_leftpad < 0) | (cache_leftpad > lengths)).any()):
+            raise ValueError("cache_leftpad: each entry must lie in [0, cache_seqlens[b]] (the rows a sequence "
+                             "held before the call start there)")  # fmt: skip
     with torch.no_grad():
         if k is not None:
             positions = _positions(lengths, layout.new_rows)
@@ -129,7 +135,8 @@ def step(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens, k, v, block
         if rotary is not None:
             q = _rotate(q, rotary, _positions(lengths, 1 if rotary.q_at_first_position else q.shape[1]))
         seqlens_k = lengths + layout.new_rows
-        o, lse = _attend(q, gather(k_cache, layout), gather(v_cache, layout), seqlens_k, sinks, options, out)
+        bias = None if cache_leftpad is None else _leftpad_bias(cache_leftpad, layout.capacity, q.shape[1])
+        o, lse = _attend(q, gather(k_cache, layout), gather(v_cache, layout), seqlens_k, bias, sinks, options, out)
     return (o, lse) if return_lse else o
 
 
@@ -339,13 +346,22 @@ def _append(layout: CacheLayout, k_cache: Tensor, v_cache: Tensor, positions: Te
     v_cache.index_put_(index, v)
 
 
-def _attend(q: Tensor, keys: Tensor, values: Tensor, seqlens_k: Tensor, sinks, options: Options, out):
+def _leftpad_bias(leftpad: Tensor, capacity: int, seqlen_q: int) -> Tensor:
+    """float32 ``[B, 1, Sq, capacity]``, -inf at the rows before each sequence's ``cache_leftpad`` and 0
+    elsewhere: one row per sequence, stride 0 over the queries (nothing copied per query)."""
+    before = torch.arange(capacity, device=leftpad.device)[None, :] < leftpad[:, None]
+    row = torch.zeros(before.shape, dtype=torch.float32, device=leftpad.device).masked_fill(before, float("-inf"))
+    return row[:, None, None, :].expand(-1, 1, seqlen_q, -1)
+
+
+def _attend(q: Tensor, keys: Tensor, values: Tensor, seqlens_k: Tensor, bias, sinks, options: Options, out):
     """frost's forward over the gathered keys: ``frost.api.serve`` (the lengths were checked above
     where they could be read, so the forward reads them back only for a new plan:
     ``check_lengths=False``); while torch.compile traces, the ``frost::sdpa_forward`` operator."""
     if not torch.compiler.is_compiling():
-        return api.serve("forward", Tensors(q, keys, values, seqlens_k=seqlens_k, sinks=sinks), options, None, out)
-    o, lse = ops.attention(q, keys, values, seqlens_k=seqlens_k, sinks=sinks, scale=options.scale,
+        return api.serve("forward", Tensors(q, keys, values, seqlens_k=seqlens_k, bias=bias, sinks=sinks), options,
+                         None, out)  # fmt: skip
+    o, lse = ops.attention(q, keys, values, seqlens_k=seqlens_k, bias=bias, sinks=sinks, scale=options.scale,
                            causal=options.causal, causal_align=options.causal_align, window=options.window,
                            return_lse=True)  # fmt: skip
     if out is None:

@@ -576,6 +576,33 @@ def test_attention_with_kvcache_takes_fa2s_rotations(interleaved):
         assert bits_equal(ours.arguments[cache], theirs.arguments[cache])
 
 
+@pytest.mark.L0
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("name", ["decode-gqa", "chunked-prefill-window", "rope-speculative-gqa"])
+def test_cache_leftpad_masks_the_rows_before_it(name, paged, device):
+    """FA2's ``cache_leftpad``: each sequence attends its rows from ``cache_leftpad[b]`` on; the rows
+    and their positions stay where they are. Judged against the oracle with those rows masked by a
+    -inf bias built here."""
+    step = dataclasses.replace(STEPS[name], paged=paged)
+    drawn = draw(step, device)
+    leftpad = torch.tensor([held // 2 + (held % 3 == 1) for held in step.cached], dtype=torch.int32, device=device)
+    rope = drawn.arguments.get("rope")  # in float32, as the expected caches were rotated
+    tables = {} if rope is None else dict(rotary_cos=rope[0], rotary_sin=rope[1])
+    got = _fa2(drawn, step, cache_leftpad=leftpad, **tables)
+    _assert_caches(drawn)
+    columns = torch.arange(step.capacity, device=device)
+    hidden = (columns[None, :] < leftpad[:, None].long())[:, None, None, :]
+    bias = torch.zeros(hidden.shape, device=device).masked_fill(hidden, -math.inf).expand(-1, 1, step.seqlen_q, -1)
+    kw = dict(_oracle_keywords(step, drawn), bias=bias)
+    truth = reference.forward(drawn.queries, drawn.keys, drawn.values, **kw)
+    base = baseline.forward(drawn.queries, drawn.keys, drawn.values, **kw)
+    verdicts = tolerance.check_forward(got, truth, base, io_dtype=step.dtype)
+    assert all(v.passed for v in verdicts.values()), tolerance.summary(verdicts)
+    unpadded = _fa2(draw(step, device), step, **tables)
+    assert not bits_equal(got[0], unpadded[0])  # the rows before the pads were attended otherwise
+
+
 FA2_REFUSED = {
     "rotary_sin-missing": dict(rotary_sin=None),
     "rotary_cos-without-k": dict(k=None, v=None),
@@ -583,7 +610,8 @@ FA2_REFUSED = {
     "rotary_cos-wider-than-the-head-dim": dict(rotary_cos=torch.zeros(200, 24, dtype=BF16),
                                                rotary_sin=torch.zeros(200, 24, dtype=BF16)),
     "cache_seqlens-none-with-k": dict(cache_seqlens=None),
-    "cache_leftpad": dict(cache_leftpad=torch.zeros(3, dtype=torch.int32)),
+    "cache_leftpad-int64": dict(cache_leftpad=torch.zeros(3, dtype=torch.int64)),
+    "cache_leftpad-past-the-rows-held": dict(cache_leftpad=torch.tensor([0, 0, 99], dtype=torch.int32)),
     "alibi_slopes": dict(alibi_slopes=torch.zeros(4)),
     "softcap": dict(softcap=30.0),
     "window_size": dict(window_size=(1, 2, 3)),
