@@ -8,17 +8,18 @@ that call (SEMANTICS.md, "The KV-cache call"):
    argument (a ValueError naming it), and what the closing forward would reject (q, scale,
    causal, window, sinks, out), so a rejected call leaves the cache as it was;
 2. checks of values (``cache_seqlens`` within the cache, the ``block_table`` entries a sequence
-   uses, ``cache_batch_idx``), which read tensors back to the host, only where reading is
+   uses, ``cache_batch_idx``, ``cache_leftpad``), which read tensors back to the host, only where reading is
    allowed: not while a CUDA graph is being captured, not while torch.compile traces, so a decode
    step can be captured and replayed with new ``cache_seqlens``;
 3. the append: k rotated by ``rope`` at its positions, then k and v written in place into rows
    ``cache_seqlens[b] ..`` of sequence b's cache (through the block table when paged), with
    index operations only (no host synchronisation);
 4. q rotated at its positions (row i of sequence b at ``cache_seqlens[b] + i``, as in
-   FlashAttention-2: q's rows are the newest tokens);
+   FlashAttention-2: q's rows are the newest tokens; ``Rotary`` holds FA2's other rules);
 5. frost's forward (``frost.api.serve``, the path of ``frost.sdpa_forward``; the operator of
    ``frost.ops`` while torch.compile traces) over the keys each sequence sees (``gather``) with
-   ``seqlens_k = cache_seqlens + S_new`` and the mask aligned to the bottom right.
+   ``seqlens_k = cache_seqlens + S_new`` and the mask aligned to the bottom right, the rows before
+   ``cache_leftpad`` masked by a key bias.
 
 A contiguous cache is attended as it is. A paged cache, and a contiguous one indexed by
 ``cache_batch_idx`` (one page per sequence), is first copied into a contiguous view of each

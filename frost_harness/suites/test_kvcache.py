@@ -186,6 +186,15 @@ def _assert_caches(drawn: Drawn) -> None:
         assert bits_equal(got, want), f"{name}: not the appended rows in place, every other row as it was"
 
 
+def _assert_like_oracle(got, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, io_dtype, **kw) -> None:
+    """``got = (o, lse)`` against the float64 oracle on these queries, keys and values, by
+    SEMANTICS.md's acceptance rule."""
+    truth = reference.forward(queries, keys, values, **kw)
+    base = baseline.forward(queries, keys, values, **kw)
+    verdicts = tolerance.check_forward(got, truth, base, io_dtype=io_dtype)
+    assert all(v.passed for v in verdicts.values()), tolerance.summary(verdicts)
+
+
 # name -> the step; each runs contiguous and paged
 STEPS = {
     "decode-mha": Step(heads_q=4, heads_kv=4),
@@ -216,11 +225,7 @@ def test_a_step_matches_the_oracle_and_writes_only_its_rows(name, paged, device)
     assert got[0] is o.body and got[1] is lse.body
     assert not canaries.damage([o, lse])
     _assert_caches(drawn)
-    kw = _oracle_keywords(step, drawn)
-    truth = reference.forward(drawn.queries, drawn.keys, drawn.values, **kw)
-    base = baseline.forward(drawn.queries, drawn.keys, drawn.values, **kw)
-    verdicts = tolerance.check_forward(got, truth, base, io_dtype=step.dtype)
-    assert all(v.passed for v in verdicts.values()), tolerance.summary(verdicts)
+    _assert_like_oracle(got, drawn.queries, drawn.keys, drawn.values, step.dtype, **_oracle_keywords(step, drawn))
 
 
 @pytest.mark.L0
@@ -552,11 +557,7 @@ def test_flash_attn_with_kvcache_rotates_as_fa2(name, paged, device):
     got = _fa2(drawn, step, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
     for name_, cache, want in zip(("k_cache", "v_cache"), (args["k_cache"], args["v_cache"]), want_caches):
         assert bits_equal(cache, want), f"{name_}: not FA2's rotated rows in place"
-    kw = _oracle_keywords(step, drawn)
-    truth = reference.forward(queries, keys, drawn.values, **kw)
-    base = baseline.forward(queries, keys, drawn.values, **kw)
-    verdicts = tolerance.check_forward(got, truth, base, io_dtype=step.dtype)
-    assert all(v.passed for v in verdicts.values()), tolerance.summary(verdicts)
+    _assert_like_oracle(got, queries, keys, drawn.values, step.dtype, **_oracle_keywords(step, drawn))
 
 
 @pytest.mark.L0
@@ -594,11 +595,8 @@ def test_cache_leftpad_masks_the_rows_before_it(name, paged, device):
     columns = torch.arange(step.capacity, device=device)
     hidden = (columns[None, :] < leftpad[:, None].long())[:, None, None, :]
     bias = torch.zeros(hidden.shape, device=device).masked_fill(hidden, -math.inf).expand(-1, 1, step.seqlen_q, -1)
-    kw = dict(_oracle_keywords(step, drawn), bias=bias)
-    truth = reference.forward(drawn.queries, drawn.keys, drawn.values, **kw)
-    base = baseline.forward(drawn.queries, drawn.keys, drawn.values, **kw)
-    verdicts = tolerance.check_forward(got, truth, base, io_dtype=step.dtype)
-    assert all(v.passed for v in verdicts.values()), tolerance.summary(verdicts)
+    _assert_like_oracle(got, drawn.queries, drawn.keys, drawn.values, step.dtype, bias=bias,
+                        **_oracle_keywords(step, drawn))  # fmt: skip
     unpadded = _fa2(draw(step, device), step, **tables)
     assert not bits_equal(got[0], unpadded[0])  # the rows before the pads were attended otherwise
 
@@ -689,8 +687,4 @@ def test_grid_matches_the_oracle(heads, rows, mask, paged, dtype, device):
     drawn = draw(step, device)
     got = _run(drawn, step)
     _assert_caches(drawn)
-    kw = _oracle_keywords(step, drawn)
-    truth = reference.forward(drawn.queries, drawn.keys, drawn.values, **kw)
-    verdicts = tolerance.check_forward(got, truth, baseline.forward(drawn.queries, drawn.keys, drawn.values, **kw),
-                                       io_dtype=dtype)  # fmt: skip
-    assert all(v.passed for v in verdicts.values()), tolerance.summary(verdicts)
+    _assert_like_oracle(got, drawn.queries, drawn.keys, drawn.values, dtype, **_oracle_keywords(step, drawn))
