@@ -106,31 +106,41 @@ def _admit_bwd_params(seen: dict, smem: int, sm90: bool) -> None:
     biases = ((None, False, True), ("float32", False, True), ("float32", True, True), ("io", False, True),
               ("io", True, True), ("float32", False, False), ("io", False, False))
     splits = SPLITS if sm90 else SPLITS[:2]  # clusters need SM90
-    for dtype, dims, layout, window, bottom_right, sinks, (deterministic, width, sliced), split, bias in (
-        itertools.product(("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(),
-                          (False, True), (False, True), modes, splits, biases)
+    for dtype, dims, layout, window, bottom_right in itertools.product(
+        ("float16", "bfloat16"), HEAD_DIMS.values(), LAYOUTS.values(), WINDOWS.values(), (False, True)
     ):
-        main = bwd_params_for(
+        # sinks and the split change only bwd_pre's record and the main record's split fields: one main
+        # record per mode and bias, visited in the order of the product with them (the list's order)
+        mains = {(mode, bias): bwd_params_for(
             dtype=dtype, head_dim_qk=dims[0], head_dim_v=dims[1], layout=layout[0], has_seqlens=layout[1],
-            window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=deterministic,
-            dq_reduce_width=width, dq_slices=sliced, bias_dtype=_bias_dtype(bias[0], dtype),
+            window_left=window[0], window_right=window[1], bottom_right=bottom_right, deterministic=mode[0],
+            dq_reduce_width=mode[1], dq_slices=mode[2], bias_dtype=_bias_dtype(bias[0], dtype),
             bias_broadcast=bias[1], bias_grad=bias[2], smem_limit=smem,
-        )
-        for bias_way in _bias_ways(main, smem, sm90):
-            # the launch order as engines/sm80.backward_choices: the slices', or heavy-first for a
-            # right-bounded mask with few heads (heavy_first_keeps_locality) and plain with many
-            orders = ((False, True) if main.has_window_right and not bias_way["batch_inner"] and not main.dq_slices
-                      else (False,))
-            for heavy_first in orders:
-                record = dataclasses.replace(main, split_group=split is not None, heavy_first=heavy_first,
-                                             split_cluster=split or 0, **bias_way)
-                if split and not record.cluster_fits(split):
-                    continue  # backward_choices sums those splits through partials
-                seen[record.validate()] = None
-        seen[BwdPreParams.of(main, sinks)] = None
-        seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main, smem)] = None
-        if split == 0:
-            seen[BwdCombineParams.of(main)] = None
+        ) for mode in modes for bias in biases}  # fmt: skip
+        for mode, split, bias in itertools.product(modes, splits, biases):
+            main = mains[mode, bias]
+            _admit_main_variants(seen, main, split, smem, sm90)
+            seen[BwdPreParams.of(main, False)] = None
+            seen[BwdConvertParams.of(main) if main.reduces_dq else BwdDqParams.of(main, smem)] = None
+            if split == 0:
+                seen[BwdCombineParams.of(main)] = None
+        for main in mains.values():
+            seen[BwdPreParams.of(main, True)] = None
+
+
+def _admit_main_variants(seen: dict, main, split, smem: int, sm90: bool) -> None:
+    """The main kernel's records of ``main`` for one split choice: each way of the bias, each launch order."""
+    for bias_way in _bias_ways(main, smem, sm90):
+        # the launch order as engines/sm80.backward_choices: the slices', or heavy-first for a
+        # right-bounded mask with few heads (heavy_first_keeps_locality) and plain with many
+        orders = ((False, True) if main.has_window_right and not bias_way["batch_inner"] and not main.dq_slices
+                  else (False,))
+        for heavy_first in orders:
+            record = dataclasses.replace(main, split_group=split is not None, heavy_first=heavy_first,
+                                         split_cluster=split or 0, **bias_way)
+            if split and not record.cluster_fits(split):
+                continue  # backward_choices sums those splits through partials
+            seen[record.validate()] = None
 
 
 def _bias_ways(main, smem: int, sm90: bool) -> list[dict]:
