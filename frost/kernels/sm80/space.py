@@ -11,9 +11,8 @@ device's shared memory: ``device_classes``); for the RoPE pass,
 dtype, layout, direction and the exact head dim (static there). Sizes, head counts, token
 totals and window values are runtime and do not multiply it.
 
-``l0_records`` (the pairwise-covering subsets the L0 compile tests build) and
-``all_records`` are what ``frost-compile --records L0|all`` fills the disk cache
-with; the suites import this module through ``frost_harness/suites/sm80/params_space.py``.
+``covering.py`` lists these per family once per process and picks the L0 compile suites'
+pairwise-covering subsets; ``frost-compile --records L0|all`` fills the disk cache with either.
 """
 from __future__ import annotations
 
@@ -161,48 +160,3 @@ def admitted_rope_params(head_dims=ROPE_HEAD_DIMS) -> list[RopeParams]:
     combinations = itertools.product(("float16", "bfloat16"), head_dims, ROPE_LAYOUTS)
     return [record for dtype, head_dim, layout in combinations
             for record in rope_params_for(dtype=dtype, head_dim=head_dim, layout=layout)]
-
-
-def _pairs(p, names: list[str]) -> set:
-    values = [(n, getattr(p, n)) for n in names]
-    return {(a, b) for i, a in enumerate(values) for b in values[i + 1:]}
-
-
-def covering_subset(params: list) -> list:
-    """Params that together take every pair of values of any two fields (greedy pairwise cover,
-    per params type), so each feature is compiled beside each other feature at least once."""
-    kinds: dict[type, list] = {}
-    for p in params:
-        kinds.setdefault(type(p), []).append(p)
-    return [c for group in kinds.values() for c in _pairwise_cover(group)]
-
-
-def _pairwise_cover(params: list) -> list:
-    names = [f.name for f in dataclasses.fields(params[0])]
-    # each record's pairs once, as a bitmask over all pairs: with the bias variants (30k backward
-    # records) recomputing the sets in every round took minutes
-    bit: dict = {}
-    masks = []
-    for p in params:
-        mask = 0
-        for pair in _pairs(p, names):
-            mask |= 1 << bit.setdefault(pair, len(bit))
-        masks.append(mask)
-    wanted = (1 << len(bit)) - 1
-    chosen: list[FwdParams] = []
-    while wanted:
-        best = max(range(len(params)), key=lambda i: (masks[i] & wanted).bit_count())
-        chosen.append(params[best])
-        wanted &= ~masks[best]
-    return chosen
-
-
-def l0_records() -> list:
-    """The records the L0 compile suites build: forward, backward chain, RoPE pass, each pairwise-covering."""
-    return (covering_subset(admitted_fwd_params()) + covering_subset(admitted_bwd_params())
-            + covering_subset(admitted_rope_params(ROPE_L0_HEAD_DIMS)))
-
-
-def all_records() -> list:
-    """Every record the SM80 engines can produce."""
-    return admitted_fwd_params() + admitted_bwd_params() + admitted_rope_params()
